@@ -1,0 +1,549 @@
+"""The workload zoo: model definitions written for this project, random weights, fixed seeds.
+
+``load(name)`` gives one model in the three forms the rest of the project consumes::
+
+    w = load("resnet50")
+    w.torch, w.inputs        # the torch module (eval mode) and example inputs
+    w.relax                  # Relax IRModule, weights bound (tvm.relax.frontend.torch)
+    w.onnx                   # onnx.ModelProto, opset 17, ir_version 10
+
+Weights are random but not arbitrary: every model is built under ``torch.manual_seed`` and
+its BatchNorm statistics are calibrated on one random batch, so activations stay in the
+range a trained network has (untouched running stats would let deep nets blow up or vanish,
+which hides numerical errors behind huge or tiny outputs).
+
+``load(name, small=True)`` builds the same architecture at the reduced input size listed
+in ``SMALL_INPUTS`` (documented per model below); the test suite uses it so that TVM's
+untuned kernels finish in seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+SEED = 0
+ONNX_OPSET = 17
+ONNX_IR_VERSION = 10  # onnxruntime 1.31 loads IR <= 13; onnx 1.23 writes 14 by default
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def conv_bn(cin, cout, kernel, stride=1, padding=0, groups=1, relu=True, dims=2):
+    conv = (nn.Conv2d if dims == 2 else nn.Conv3d)(
+        cin, cout, kernel, stride, padding, groups=groups, bias=False
+    )
+    layers = [conv, (nn.BatchNorm2d if dims == 2 else nn.BatchNorm3d)(cout)]
+    if relu:
+        layers.append(nn.ReLU(inplace=True))
+    return nn.Sequential(*layers)
+
+
+# --------------------------------------------------------------------------- ResNet family
+
+
+class Bottleneck(nn.Module):
+    """ResNet v1.5 bottleneck (stride on the 3x3); groups/width give ResNeXt."""
+
+    expansion = 4
+
+    def __init__(self, cin, planes, stride=1, groups=1, base_width=64):
+        super().__init__()
+        width = int(planes * base_width / 64) * groups
+        cout = planes * self.expansion
+        self.body = nn.Sequential(
+            conv_bn(cin, width, 1),
+            conv_bn(width, width, 3, stride, 1, groups=groups),
+            conv_bn(width, cout, 1, relu=False),
+        )
+        self.shortcut = (
+            conv_bn(cin, cout, 1, stride, relu=False)
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x):
+        return F.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """ResNet-50 ([3, 4, 6, 3] bottlenecks); ``groups=32, base_width=4`` is ResNeXt-50 32x4d."""
+
+    def __init__(self, layers=(3, 4, 6, 3), groups=1, base_width=64, num_classes=1000):
+        super().__init__()
+        self.stem = nn.Sequential(conv_bn(3, 64, 7, 2, 3), nn.MaxPool2d(3, 2, 1))
+        blocks, cin = [], 64
+        for i, depth in enumerate(layers):
+            planes = 64 * 2**i
+            for j in range(depth):
+                stride = 2 if i > 0 and j == 0 else 1
+                blocks.append(Bottleneck(cin, planes, stride, groups, base_width))
+                cin = planes * Bottleneck.expansion
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x):
+        x = self.blocks(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+# --------------------------------------------------------------------------- 3D ResNet (R3D-18)
+
+
+class BasicBlock3d(nn.Module):
+    def __init__(self, cin, cout, stride=1):
+        super().__init__()
+        self.body = nn.Sequential(
+            conv_bn(cin, cout, 3, stride, 1, dims=3), conv_bn(cout, cout, 3, 1, 1, relu=False, dims=3)
+        )
+        self.shortcut = (
+            conv_bn(cin, cout, 1, stride, relu=False, dims=3)
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x):
+        return F.relu(self.body(x) + self.shortcut(x))
+
+
+class R3D18(nn.Module):
+    """R3D-18 (Tran et al., 2018): 3D convolutions throughout, [2, 2, 2, 2] basic blocks."""
+
+    def __init__(self, num_classes=400):
+        super().__init__()
+        self.stem = conv_bn(3, 64, (3, 7, 7), (1, 2, 2), (1, 3, 3), dims=3)
+        blocks, cin = [], 64
+        for i, cout in enumerate((64, 128, 256, 512)):
+            for j in range(2):
+                blocks.append(BasicBlock3d(cin, cout, 2 if i > 0 and j == 0 else 1))
+                cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = self.blocks(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool3d(x, 1), 1))
+
+
+# --------------------------------------------------------------------------- SqueezeNet 1.1
+
+
+class Fire(nn.Module):
+    def __init__(self, cin, squeeze, expand):
+        super().__init__()
+        self.squeeze = nn.Conv2d(cin, squeeze, 1)
+        self.expand1 = nn.Conv2d(squeeze, expand, 1)
+        self.expand3 = nn.Conv2d(squeeze, expand, 3, padding=1)
+
+    def forward(self, x):
+        x = F.relu(self.squeeze(x))
+        return torch.cat([F.relu(self.expand1(x)), F.relu(self.expand3(x))], 1)
+
+
+class SqueezeNet11(nn.Module):
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        pool = functools.partial(nn.MaxPool2d, 3, 2, ceil_mode=True)
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 64, 3, 2), nn.ReLU(inplace=True), pool(),
+            Fire(64, 16, 64), Fire(128, 16, 64), pool(),
+            Fire(128, 32, 128), Fire(256, 32, 128), pool(),
+            Fire(256, 48, 192), Fire(384, 48, 192), Fire(384, 64, 256), Fire(512, 64, 256),
+        )  # fmt: skip
+        self.classifier = nn.Sequential(nn.Conv2d(512, num_classes, 1), nn.ReLU(inplace=True))
+
+    def forward(self, x):
+        x = self.classifier(self.features(x))
+        return torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+
+
+# --------------------------------------------------------------------------- Inception-v3
+
+
+class InceptionA(nn.Module):
+    def __init__(self, cin, pool_features):
+        super().__init__()
+        self.b1 = conv_bn(cin, 64, 1)
+        self.b5 = nn.Sequential(conv_bn(cin, 48, 1), conv_bn(48, 64, 5, padding=2))
+        self.b3 = nn.Sequential(conv_bn(cin, 64, 1), conv_bn(64, 96, 3, padding=1), conv_bn(96, 96, 3, padding=1))
+        self.bp = conv_bn(cin, pool_features, 1)
+
+    def forward(self, x):
+        pooled = self.bp(F.avg_pool2d(x, 3, 1, 1))
+        return torch.cat([self.b1(x), self.b5(x), self.b3(x), pooled], 1)
+
+
+class InceptionB(nn.Module):  # grid reduction 35 -> 17
+    def __init__(self, cin):
+        super().__init__()
+        self.b3 = conv_bn(cin, 384, 3, 2)
+        self.b3dbl = nn.Sequential(conv_bn(cin, 64, 1), conv_bn(64, 96, 3, padding=1), conv_bn(96, 96, 3, 2))
+
+    def forward(self, x):
+        return torch.cat([self.b3(x), self.b3dbl(x), F.max_pool2d(x, 3, 2)], 1)
+
+
+class InceptionC(nn.Module):  # factorized 7x7
+    def __init__(self, cin, c7):
+        super().__init__()
+        self.b1 = conv_bn(cin, 192, 1)
+        self.b7 = nn.Sequential(
+            conv_bn(cin, c7, 1), conv_bn(c7, c7, (1, 7), padding=(0, 3)), conv_bn(c7, 192, (7, 1), padding=(3, 0))
+        )
+        self.b7dbl = nn.Sequential(
+            conv_bn(cin, c7, 1),
+            conv_bn(c7, c7, (7, 1), padding=(3, 0)), conv_bn(c7, c7, (1, 7), padding=(0, 3)),
+            conv_bn(c7, c7, (7, 1), padding=(3, 0)), conv_bn(c7, 192, (1, 7), padding=(0, 3)),
+        )  # fmt: skip
+        self.bp = conv_bn(cin, 192, 1)
+
+    def forward(self, x):
+        pooled = self.bp(F.avg_pool2d(x, 3, 1, 1))
+        return torch.cat([self.b1(x), self.b7(x), self.b7dbl(x), pooled], 1)
+
+
+class InceptionD(nn.Module):  # grid reduction 17 -> 8
+    def __init__(self, cin):
+        super().__init__()
+        self.b3 = nn.Sequential(conv_bn(cin, 192, 1), conv_bn(192, 320, 3, 2))
+        self.b7x3 = nn.Sequential(
+            conv_bn(cin, 192, 1), conv_bn(192, 192, (1, 7), padding=(0, 3)),
+            conv_bn(192, 192, (7, 1), padding=(3, 0)), conv_bn(192, 192, 3, 2),
+        )  # fmt: skip
+
+    def forward(self, x):
+        return torch.cat([self.b3(x), self.b7x3(x), F.max_pool2d(x, 3, 2)], 1)
+
+
+class InceptionE(nn.Module):  # expanded filter bank
+    def __init__(self, cin):
+        super().__init__()
+        self.b1 = conv_bn(cin, 320, 1)
+        self.b3 = conv_bn(cin, 384, 1)
+        self.b3a, self.b3b = conv_bn(384, 384, (1, 3), padding=(0, 1)), conv_bn(384, 384, (3, 1), padding=(1, 0))
+        self.b3dbl = nn.Sequential(conv_bn(cin, 448, 1), conv_bn(448, 384, 3, padding=1))
+        self.b3dbla, self.b3dblb = conv_bn(384, 384, (1, 3), padding=(0, 1)), conv_bn(384, 384, (3, 1), padding=(1, 0))
+        self.bp = conv_bn(cin, 192, 1)
+
+    def forward(self, x):
+        a, b = self.b3(x), self.b3dbl(x)
+        return torch.cat(
+            [
+                self.b1(x),
+                self.b3a(a), self.b3b(a),
+                self.b3dbla(b), self.b3dblb(b),
+                self.bp(F.avg_pool2d(x, 3, 1, 1)),
+            ],
+            1,
+        )  # fmt: skip
+
+
+class InceptionV3(nn.Module):
+    """Inception-v3 (Szegedy et al., 2016) in inference form: no auxiliary classifier."""
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        self.stem = nn.Sequential(
+            conv_bn(3, 32, 3, 2), conv_bn(32, 32, 3), conv_bn(32, 64, 3, padding=1), nn.MaxPool2d(3, 2),
+            conv_bn(64, 80, 1), conv_bn(80, 192, 3), nn.MaxPool2d(3, 2),
+        )  # fmt: skip
+        self.mixed = nn.Sequential(
+            InceptionA(192, 32), InceptionA(256, 64), InceptionA(288, 64),
+            InceptionB(288),
+            InceptionC(768, 128), InceptionC(768, 160), InceptionC(768, 160), InceptionC(768, 192),
+            InceptionD(768),
+            InceptionE(1280), InceptionE(2048),
+        )  # fmt: skip
+        self.fc = nn.Linear(2048, num_classes)
+
+    def forward(self, x):
+        x = self.mixed(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+# --------------------------------------------------------------------------- DCGAN generator
+
+
+class DCGANGenerator(nn.Module):
+    """DCGAN generator (Radford et al., 2016): latent 100x1x1 -> image 3x64x64."""
+
+    def __init__(self, nz=100, ngf=64):
+        super().__init__()
+
+        def up(cin, cout, stride, pad):
+            return [nn.ConvTranspose2d(cin, cout, 4, stride, pad, bias=False), nn.BatchNorm2d(cout), nn.ReLU(True)]
+
+        self.net = nn.Sequential(
+            *up(nz, ngf * 8, 1, 0), *up(ngf * 8, ngf * 4, 2, 1), *up(ngf * 4, ngf * 2, 2, 1), *up(ngf * 2, ngf, 2, 1),
+            nn.ConvTranspose2d(ngf, 3, 4, 2, 1, bias=False), nn.Tanh(),
+        )  # fmt: skip
+
+    def forward(self, z):
+        return self.net(z)
+
+
+# --------------------------------------------------------------------------- NASNet-A (mobile)
+
+# NASNet-A cells (Zoph et al., 2018) as (operation, input) pairs, two per block; inputs 0 and 1
+# are the two previous cells' outputs, 2.. the blocks of this cell. Same cell as NASNet-A in
+# the DARTS genotype listing.
+NASNET_NORMAL = [
+    ("sep5", 1), ("sep3", 0), ("sep5", 0), ("sep3", 0), ("avg3", 1),
+    ("skip", 0), ("avg3", 0), ("avg3", 0), ("sep3", 1), ("skip", 1),
+]  # fmt: skip
+NASNET_NORMAL_CONCAT = [2, 3, 4, 5, 6]
+NASNET_REDUCE = [
+    ("sep5", 0), ("sep7", 1), ("max3", 0), ("sep7", 1), ("avg3", 0),
+    ("sep5", 1), ("skip", 3), ("avg3", 2), ("sep3", 2), ("max3", 1),
+]  # fmt: skip
+NASNET_REDUCE_CONCAT = [4, 5, 6]
+
+
+class SepConv(nn.Module):
+    """NASNet's separable convolution: (ReLU, depthwise, pointwise, BN) twice."""
+
+    def __init__(self, c, k, stride):
+        super().__init__()
+
+        def half(s):
+            return [
+                nn.ReLU(False), nn.Conv2d(c, c, k, s, k // 2, groups=c, bias=False),
+                nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c),
+            ]  # fmt: skip
+
+        self.op = nn.Sequential(*half(stride), *half(1))
+
+    def forward(self, x):
+        return self.op(x)
+
+
+class FactorizedReduce(nn.Module):
+    """Halves resolution without losing pixels: two offset stride-2 1x1 convolutions."""
+
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.a = nn.Conv2d(cin, cout // 2, 1, 2, bias=False)
+        self.b = nn.Conv2d(cin, cout - cout // 2, 1, 2, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+
+    def forward(self, x):
+        x = F.relu(x)
+        return self.bn(torch.cat([self.a(x), self.b(x[:, :, 1:, 1:])], 1))
+
+
+def nasnet_op(name, c, stride):
+    if name.startswith("sep"):
+        return SepConv(c, int(name[3]), stride)
+    if name == "avg3":
+        return nn.AvgPool2d(3, stride, 1, count_include_pad=False)
+    if name == "max3":
+        return nn.MaxPool2d(3, stride, 1)
+    return nn.Identity() if stride == 1 else FactorizedReduce(c, c)  # skip
+
+
+class NASNetCell(nn.Module):
+    def __init__(self, c_pp, c_p, c, reduction, reduction_prev):
+        super().__init__()
+        relu_conv_bn = lambda cin: nn.Sequential(nn.ReLU(False), *conv_bn(cin, c, 1, relu=False))  # noqa: E731
+        self.pre0 = FactorizedReduce(c_pp, c) if reduction_prev else relu_conv_bn(c_pp)
+        self.pre1 = relu_conv_bn(c_p)
+        genotype = NASNET_REDUCE if reduction else NASNET_NORMAL
+        self.concat = NASNET_REDUCE_CONCAT if reduction else NASNET_NORMAL_CONCAT
+        self.inputs = [i for _, i in genotype]
+        self.ops = nn.ModuleList(
+            nasnet_op(name, c, 2 if reduction and i < 2 else 1) for name, i in genotype
+        )
+        self.out_channels = c * len(self.concat)
+
+    def forward(self, s0, s1):
+        states = [self.pre0(s0), self.pre1(s1)]
+        for k in range(0, len(self.ops), 2):
+            a, b = self.ops[k], self.ops[k + 1]
+            states.append(a(states[self.inputs[k]]) + b(states[self.inputs[k + 1]]))
+        return torch.cat([states[i] for i in self.concat], 1)
+
+
+class NASNetAMobile(nn.Module):
+    """NASNet-A Mobile (4 @ 1056): 3x3/2 stem, two stem reduction cells, 3 stages of 4 normal
+    cells with reduction cells between, 44 channels per block in the first stage."""
+
+    def __init__(self, c=44, cells_per_stage=4, num_classes=1000):
+        super().__init__()
+        self.stem = conv_bn(3, 32, 3, 2, 1, relu=False)
+        c_pp = c_p = 32
+        cells, reduction_prev = [], False
+        # Stem reductions at c/4 and c/2, then the three stages at c, 2c, 4c.
+        plan = [(c // 4, True), (c // 2, True)]
+        for stage in range(3):
+            if stage > 0:
+                plan.append((c * 2**stage, True))
+            plan += [(c * 2**stage, False)] * cells_per_stage
+        for cell_c, reduction in plan:
+            cell = NASNetCell(c_pp, c_p, cell_c, reduction, reduction_prev)
+            cells.append(cell)
+            c_pp, c_p, reduction_prev = c_p, cell.out_channels, reduction
+        self.cells = nn.ModuleList(cells)
+        self.fc = nn.Linear(c_p, num_classes)
+
+    def forward(self, x):
+        s0 = s1 = self.stem(x)
+        for cell in self.cells:
+            s0, s1 = s1, cell(s0, s1)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(F.relu(s1), 1), 1))
+
+
+# --------------------------------------------------------------------------- MLP and BERT
+
+
+class MLP(nn.Module):
+    """A small MLP: 784 -> 512 -> 256 -> 10, ReLU between."""
+
+    def __init__(self, sizes=(784, 512, 256, 10)):
+        super().__init__()
+        layers = []
+        for cin, cout in zip(sizes, sizes[1:]):
+            layers += [nn.Linear(cin, cout), nn.ReLU()]
+        self.net = nn.Sequential(*layers[:-1])
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class BertEncoder(nn.Module):
+    """transformers' BertModel (BERT-base config, nothing downloaded); returns the last hidden state.
+
+    Eager attention keeps the exported graph to plain matmul/softmax ops that every
+    backend understands; the attention mask is all ones, so it is left out of the signature.
+    """
+
+    def __init__(self, **config):
+        super().__init__()
+        from transformers import BertConfig, BertModel
+
+        cfg = BertConfig(attn_implementation="eager", **config)
+        self.bert = BertModel(cfg, add_pooling_layer=False)
+
+    def forward(self, input_ids):
+        return self.bert(input_ids=input_ids).last_hidden_state
+
+
+# --------------------------------------------------------------------------- the zoo
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    build: Callable[[], nn.Module]
+    input: tuple[int, ...]  # full size, as benchmarked
+    small_input: tuple[int, ...]  # reduced size for the test suite
+    dtype: torch.dtype = torch.float32
+    description: str = ""
+
+
+MODELS: dict[str, ModelSpec] = {
+    "resnet50": ModelSpec(ResNet, (1, 3, 224, 224), (1, 3, 64, 64), description="ResNet-50"),
+    "resnext50": ModelSpec(
+        functools.partial(ResNet, groups=32, base_width=4), (1, 3, 224, 224), (1, 3, 64, 64),
+        description="ResNeXt-50 (32x4d)",
+    ),
+    "inception_v3": ModelSpec(InceptionV3, (1, 3, 299, 299), (1, 3, 107, 107), description="Inception-v3"),
+    "squeezenet": ModelSpec(SqueezeNet11, (1, 3, 224, 224), (1, 3, 64, 64), description="SqueezeNet 1.1"),
+    "dcgan": ModelSpec(DCGANGenerator, (1, 100, 1, 1), (1, 100, 1, 1), description="DCGAN generator"),
+    "nasnet_mobile": ModelSpec(NASNetAMobile, (1, 3, 224, 224), (1, 3, 64, 64), description="NASNet-A (mobile)"),
+    "r3d18": ModelSpec(R3D18, (1, 3, 8, 112, 112), (1, 3, 4, 32, 32), description="R3D-18, 8-frame 112x112 clip"),
+    "bert": ModelSpec(
+        BertEncoder, (1, 128), (1, 16), torch.int64, description="BERT-base, sequence length 128"
+    ),
+    "mlp": ModelSpec(MLP, (1, 784), (1, 784), description="MLP 784-512-256-10"),
+}
+# Reduced input sizes (small=True): CNNs at 64x64 except Inception-v3 at 107x107 (its
+# unpadded stride-2 chain needs at least 75x75), R3D-18 on a 4x32x32 clip, BERT at
+# sequence length 16. DCGAN and the MLP run at full size.
+SMALL_INPUTS = {name: spec.small_input for name, spec in MODELS.items()}
+
+
+def random_inputs(spec: ModelSpec, shape, seed=SEED) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    if spec.dtype == torch.int64:  # token ids for BERT's 30522-word vocabulary
+        return (torch.randint(0, 30522, shape, generator=g),)
+    return (torch.randn(shape, generator=g),)
+
+
+@torch.no_grad()
+def _calibrate_batchnorm(net: nn.Module, example: torch.Tensor) -> None:
+    """Set BatchNorm running statistics from a random batch (cumulative average, one pass)."""
+    bns = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return
+    for bn in bns:
+        bn.reset_running_stats()
+        bn.momentum = None
+    net.train()
+    net(example.expand(2, *example.shape[1:]).contiguous())
+    net.eval()
+
+
+class Workload:
+    """One zoo model in every form; the IR forms are built on first use and then kept."""
+
+    def __init__(self, name: str, small: bool = False, seed: int = SEED):
+        if name not in MODELS:
+            raise KeyError(f"unknown model {name!r}; the zoo has: {', '.join(MODELS)}")
+        self.name, self.small, self.spec = name, small, MODELS[name]
+        self.input_shape = self.spec.small_input if small else self.spec.input
+        torch.manual_seed(seed)
+        net = self.spec.build().eval()
+        self.inputs = random_inputs(self.spec, self.input_shape, seed)
+        if self.spec.dtype.is_floating_point:
+            _calibrate_batchnorm(net, self.inputs[0])
+        self.torch = net
+
+    def __repr__(self):
+        return f"Workload({self.name!r}, input={self.input_shape})"
+
+    @functools.cached_property
+    def exported(self) -> torch.export.ExportedProgram:
+        with torch.no_grad():
+            return torch.export.export(self.torch, self.inputs)
+
+    @functools.cached_property
+    def relax(self):
+        """Relax IRModule with the weights bound as constants; ``main`` takes the inputs only."""
+        from tvm.relax.frontend.torch import from_exported_program
+
+        return from_exported_program(self.exported, keep_params_as_input=False)
+
+    @functools.cached_property
+    def onnx(self):
+        """ONNX model at opset 17. The TorchScript exporter writes opset 17 natively; the dynamo
+        exporter starts at 18 and its down-conversion fails on Reduce ops."""
+        import onnx
+
+        buffer = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+            torch.onnx.export(
+                self.torch, self.inputs, buffer, dynamo=False, opset_version=ONNX_OPSET,
+                input_names=[f"input{i}" for i in range(len(self.inputs))],
+            )  # fmt: skip
+        model = onnx.load_from_string(buffer.getvalue())
+        model.ir_version = ONNX_IR_VERSION
+        onnx.checker.check_model(model)
+        return model
+
+    @torch.no_grad()
+    def reference(self) -> list:
+        """The torch outputs for ``inputs``, as numpy arrays (a list even for one output)."""
+        out = self.torch(*self.inputs)
+        return [t.numpy() for t in (out if isinstance(out, (tuple, list)) else (out,))]
+
+
+def load(name: str, small: bool = False, seed: int = SEED) -> Workload:
+    return Workload(name, small, seed)
