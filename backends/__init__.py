@@ -1,0 +1,1 @@
+"""Backends: one file per backend library, each exporting its Backend record."""

@@ -1,0 +1,1 @@
+"""Shared pattern factories and pattern rules that backends build on."""
