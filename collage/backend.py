@@ -1,0 +1,118 @@
+"""Backend: one record per library that can run parts of a model.
+
+A backend file in ``backends/`` builds one ``Backend`` and registers nothing when imported.
+Backends are gathered in an explicit ``BackendSet``; ``register_backend`` and
+``list_backends`` act on the default set that ``collage.optimize`` uses when it is given
+none.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Protocol
+
+from tvm import relax
+
+from .pattern import Pattern, PatternRule
+
+OP_LEVEL = "op-level"  # an operator library: one kernel per candidate (oneDNN, cuBLAS, TVM)
+GRAPH_LEVEL = "graph-level"  # an inference engine that optimizes across kernels (ORT, TensorRT)
+TARGETS = ("llvm", "cuda")
+
+
+class Kernel(Protocol):
+    """A compiled candidate, destination-passing style: ``kernel(*inputs, *outputs)``.
+
+    Arguments are DLPack-capable tensors (tvm.runtime.Tensor); outputs are preallocated by
+    the caller and written in place, so no tensor is copied at the boundary.
+    """
+
+    def __call__(self, *tensors) -> None: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What a library can run (patterns and rules) and how to compile it.
+
+    ``compile(func, pattern_name, target)`` turns one extracted sub-graph function into a
+    Kernel. ``requires`` names the Python modules the library needs; a backend missing one
+    is excluded with that reason rather than failing later.
+    """
+
+    name: str
+    kind: str
+    targets: tuple[str, ...]
+    compile: Callable[[relax.Function, str, str], Kernel] | None
+    patterns: tuple[Pattern, ...] = ()
+    rules: tuple[PatternRule, ...] = ()
+    requires: tuple[str, ...] = ()
+    library: str = ""  # what real library it drives, for reports
+
+    def __post_init__(self):
+        if self.kind not in (OP_LEVEL, GRAPH_LEVEL):
+            raise ValueError(f"backend {self.name!r}: kind must be {OP_LEVEL!r} or {GRAPH_LEVEL!r}, not {self.kind!r}")
+        unknown = set(self.targets) - set(TARGETS)
+        if unknown:
+            raise ValueError(f"backend {self.name!r}: unknown target(s) {sorted(unknown)}; known: {TARGETS}")
+        for p in self.patterns:
+            if not p.name.startswith(self.name + "."):
+                raise ValueError(f"backend {self.name!r}: pattern {p.name!r} must be named '{self.name}.<what>'")
+
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run on this machine, or None when it can."""
+        missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
+        return f"missing Python module(s): {', '.join(missing)}" if missing else None
+
+
+class BackendSet:
+    """An explicit, ordered collection of backends, by name."""
+
+    def __init__(self, backends: Iterable[Backend] = ()):
+        self._by_name: dict[str, Backend] = {}
+        for b in backends:
+            self.add(b)
+
+    def add(self, backend: Backend, replace: bool = False) -> None:
+        if backend.name in self._by_name and not replace:
+            raise ValueError(f"a backend named {backend.name!r} is already registered")
+        self._by_name[backend.name] = backend
+
+    def __getitem__(self, name: str) -> Backend:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"unknown backend {name!r}; registered: {', '.join(self._by_name) or 'none'}") from None
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(self._by_name.values())
+
+    def __len__(self):
+        return len(self._by_name)
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def usable(self, target: str) -> tuple[list[Backend], dict[str, str]]:
+        """The backends that serve ``target`` and can run here, and why each other one cannot."""
+        ok, excluded = [], {}
+        for b in self:
+            reason = b.unavailable_reason() if target in b.targets else f"does not serve target {target!r}"
+            if reason is None:
+                ok.append(b)
+            else:
+                excluded[b.name] = reason
+        return ok, excluded
+
+
+DEFAULT_BACKENDS = BackendSet()
+
+
+def register_backend(backend: Backend, replace: bool = False) -> Backend:
+    """Add ``backend`` to the default set that ``collage.optimize`` uses."""
+    DEFAULT_BACKENDS.add(backend, replace)
+    return backend
+
+
+def list_backends() -> list[Backend]:
+    return list(DEFAULT_BACKENDS)

@@ -1,0 +1,84 @@
+"""The pattern generator: every legal (sub-graph, backend) pairing on one workload.
+
+A Candidate is a connected, convex sub-graph that one backend can run as one unit, found by
+one of its explicit patterns or grown by one of its pattern rules. Candidates with the same
+``key`` (backend, pattern, structural key of the sub-graph) compile to the same kernel and
+are measured once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from .graph import DataflowGraph
+from .pattern import Pattern, PatternRule
+from .subgraph import SubGraph
+
+
+@dataclass(frozen=True)
+class Candidate:
+    subgraph: SubGraph
+    backend: str
+    pattern: str  # the Pattern's or PatternRule's name
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.backend, self.pattern, self.subgraph.structural_key)
+
+    def __repr__(self):
+        return f"Candidate({self.backend}, {self.pattern}, {sorted(self.subgraph.nodes)})"
+
+
+def match_pattern(graph: DataflowGraph, pattern: Pattern) -> Iterator[SubGraph]:
+    """Each place ``pattern`` matches, at most one match per root node."""
+    for node in graph:
+        match = pattern.match(graph, node)
+        if match is not None:
+            yield match.subgraph
+
+
+def grow_rule(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
+    """Every connected, convex group the rule can grow, each once.
+
+    From each valid seed, groups grow by one valid neighbour at a time (producer or
+    consumer) while the fusion rule allows it and the size stays within ``max_size``.
+    Non-convex groups are grown further (adding the node that closes the path can make
+    them convex) but never yielded.
+    """
+    valid = [rule.valid_op(graph, node) for node in graph]
+    seen: set[frozenset[int]] = set()
+    for seed in graph:
+        if not valid[seed.index]:
+            continue
+        todo = [SubGraph(graph, frozenset({seed.index}))]
+        while todo:
+            group = todo.pop()
+            if group.nodes in seen:
+                continue
+            seen.add(group.nodes)
+            if group.is_convex():
+                yield group
+            if len(group) == rule.max_size:
+                continue
+            for n in _neighbours(graph, group):
+                if valid[n] and group.nodes | {n} not in seen and rule.fusion_rule(group, graph[n]):
+                    todo.append(group.union(n))
+
+
+def _neighbours(graph: DataflowGraph, group: SubGraph) -> list[int]:
+    near = {j for i in group.nodes for j in (*graph[i].inputs, *graph.consumers[i])}
+    return sorted(near - group.nodes)
+
+
+def generate(graph: DataflowGraph, backends: Iterable) -> list[Candidate]:
+    """All candidates of ``backends`` (Backend records) on ``graph``, in a stable order."""
+    found: dict[tuple[str, str, frozenset[int]], Candidate] = {}
+    for backend in backends:
+        for pattern in backend.patterns:
+            for sub in match_pattern(graph, pattern):
+                found.setdefault((backend.name, pattern.name, sub.nodes), Candidate(sub, backend.name, pattern.name))
+        for rule in backend.rules:
+            for sub in grow_rule(graph, rule):
+                found.setdefault((backend.name, rule.name, sub.nodes), Candidate(sub, backend.name, rule.name))
+    return sorted(found.values(), key=lambda c: (min(c.subgraph.nodes), c.backend, c.pattern, sorted(c.subgraph.nodes)))

@@ -1,0 +1,124 @@
+"""DataflowGraph: an indexed, read-only view of a Relax function's dataflow bindings.
+
+Everything downstream (sub-graphs, candidates, placement) names operators by their index
+here, so candidates stay cheap sets of integers and the IR is only touched to extract a
+function for measuring, and once more at assembly.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+
+# Structural bindings are nodes too: they can sit inside or between partitions.
+TUPLE = "tuple"
+TUPLE_GET_ITEM = "tuple_get_item"
+CONSTANT = "constant"  # lv = R.const(...), as the torch frontend writes for masks
+ALIAS = "alias"  # lv = other_var
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One binding ``var = value`` of the dataflow block, at position ``index``."""
+
+    index: int
+    var: relax.Var
+    value: relax.Expr
+    op: str  # operator name ("relax.nn.conv2d"), or TUPLE, TUPLE_GET_ITEM, CONSTANT, ALIAS
+    inputs: tuple[int, ...]  # producing nodes, in argument order, without repeats
+
+    @property
+    def call(self) -> relax.Call | None:
+        return self.value if isinstance(self.value, relax.Call) else None
+
+    @property
+    def attrs(self):
+        return self.value.attrs if isinstance(self.value, relax.Call) else None
+
+    @property
+    def ty(self):
+        """The Relax type of the value (``relax.TensorType``, ``relax.TupleType``, ...)."""
+        return self.var.ty
+
+    def __repr__(self):
+        return f"Node({self.index}, {self.op})"
+
+
+def op_name(value: relax.Expr) -> str:
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+        return value.op.name
+    if isinstance(value, relax.Tuple):
+        return TUPLE
+    if isinstance(value, relax.TupleGetItem):
+        return TUPLE_GET_ITEM
+    if isinstance(value, tvm.ir.GenericConst):
+        return CONSTANT
+    if isinstance(value, relax.Var):
+        return ALIAS
+    raise ValueError(f"unsupported binding in the dataflow block: {type(value).__name__} {value}")
+
+
+class DataflowGraph:
+    """The bindings of ``func``'s single dataflow block, in topological (binding) order.
+
+    Function parameters and constants are not nodes: they are the graph's free inputs.
+    """
+
+    def __init__(self, func: relax.Function):
+        blocks = list(func.body.blocks)
+        if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+            raise ValueError(
+                f"expected one dataflow block in the function, found {len(blocks)} block(s); "
+                "normalize the module first (e.g. relax.transform.ConvertToDataflow)"
+            )
+        self.func = func
+        self.block = blocks[0]
+        index_of_var: dict[relax.Var, int] = {}
+        nodes = []
+        for i, binding in enumerate(self.block.bindings):
+            if not isinstance(binding, relax.VarBinding):
+                raise ValueError(f"unsupported binding kind {type(binding).__name__} at position {i}")
+            used = [index_of_var[v] for v in relax.analysis.free_vars(binding.value) if v in index_of_var]
+            nodes.append(Node(i, binding.var, binding.value, op_name(binding.value), tuple(dict.fromkeys(used))))
+            index_of_var[binding.var] = i
+        self.nodes: tuple[Node, ...] = tuple(nodes)
+        self.index_of_var = index_of_var
+        self.outputs: frozenset[int] = frozenset(
+            index_of_var[v] for v in relax.analysis.free_vars(func.body.body) if v in index_of_var
+        )
+        consumers: list[list[int]] = [[] for _ in nodes]
+        for node in nodes:
+            for p in node.inputs:
+                consumers[p].append(node.index)
+        self.consumers: tuple[tuple[int, ...], ...] = tuple(tuple(c) for c in consumers)
+
+    @classmethod
+    def from_module(cls, mod: tvm.IRModule, name: str = "main") -> DataflowGraph:
+        return cls(mod[name])
+
+    def __len__(self):
+        return len(self.nodes)
+
+    def __getitem__(self, index: int) -> Node:
+        return self.nodes[index]
+
+    def __iter__(self):
+        return iter(self.nodes)
+
+    @functools.cached_property
+    def var2val(self) -> dict[relax.Var, relax.Expr]:
+        """What tvm.relax.dpl needs to match patterns across bindings."""
+        return relax.analysis.get_var2val(self.func)
+
+    @functools.cached_property
+    def index_of_value(self) -> dict[relax.Expr, int]:
+        return {node.value: node.index for node in self.nodes}
+
+    def ops(self) -> list[str]:
+        return [node.op for node in self.nodes]
+
+    def __repr__(self):
+        return f"DataflowGraph({len(self.nodes)} nodes, outputs={sorted(self.outputs)})"

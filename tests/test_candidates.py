@@ -1,0 +1,256 @@
+"""The pattern generator on small hand-built graphs: exact candidate sets."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from collage.backend import GRAPH_LEVEL, OP_LEVEL, Backend, BackendSet
+from collage.candidates import generate, grow_rule, match_pattern
+from collage.graph import DataflowGraph
+from collage.pattern import Pattern, PatternRule
+from collage.subgraph import SubGraph
+from collage.patterns.fusion import anchor_then_elementwise
+from collage.patterns.op_kinds import OpKind, op_kind
+
+
+def any_op(graph, node):
+    return True
+
+
+TVM_RULE = PatternRule("test.fused", any_op, anchor_then_elementwise)
+
+
+def sets(subgraphs):
+    return {frozenset(s.nodes) for s in subgraphs}
+
+
+def S(*nodes):
+    return frozenset(nodes)
+
+
+# fmt: off
+@I.ir_module
+class Diamond:
+    @R.function
+    def main(x: R.Tensor((1, 8), "float32"), w: R.Tensor((8, 8), "float32")):
+        with R.dataflow():
+            a = R.matmul(x, w)   # 0 anchor
+            b = R.nn.relu(a)     # 1
+            c = R.exp(a)         # 2
+            d = R.add(b, c)      # 3
+            R.output(d)
+        return d
+
+
+@I.ir_module
+class TwoMatmuls:
+    @R.function
+    def main(x: R.Tensor((1, 8), "float32"), w: R.Tensor((8, 8), "float32")):
+        with R.dataflow():
+            a = R.matmul(x, w)   # 0
+            b = R.nn.relu(a)     # 1
+            c = R.matmul(b, w)   # 2: a second anchor, fusion must stop before it
+            d = R.nn.relu(c)     # 3
+            R.output(d)
+        return d
+
+
+@I.ir_module
+class SplitJoin:
+    @R.function
+    def main(x: R.Tensor((1, 8), "float32")):
+        with R.dataflow():
+            s = R.split(x, 2, axis=1)   # 0: a tuple value
+            s0 = s[0]                   # 1
+            s1 = s[1]                   # 2
+            t = R.add(s0, s1)           # 3
+            u = R.nn.relu(t)            # 4
+            out = (t, u)                # 5: tuple output of the function
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class Chain:
+    @R.function
+    def main(x: R.Tensor((4, 4), "float32")):
+        with R.dataflow():
+            a = R.exp(x)
+            b = R.nn.relu(a)
+            c = R.negative(b)
+            d = R.sigmoid(c)
+            e = R.tanh(d)
+            R.output(e)
+        return e
+
+
+@I.ir_module
+class ConvBlocks:
+    @R.function
+    def main(x: R.Tensor((1, 4, 8, 8), "float32"), w1: R.Tensor((4, 4, 3, 3), "float32"),
+             w2: R.Tensor((4, 1, 3, 3), "float32"), b: R.Tensor((1, 4, 1, 1), "float32")):
+        with R.dataflow():
+            c1 = R.nn.conv2d(x, w1, padding=[1, 1, 1, 1])            # 0
+            a1 = R.add(c1, b)                                       # 1
+            r1 = R.nn.relu(a1)                                      # 2
+            c2 = R.nn.conv2d(r1, w2, padding=[1, 1, 1, 1], groups=4)  # 3: depthwise
+            a2 = R.add(c2, b)                                       # 4
+            r2 = R.nn.relu(a2)                                      # 5
+            c3 = R.nn.conv2d(r2, w1, padding=[1, 1, 1, 1])          # 6
+            a3 = R.add(c3, b)                                       # 7
+            r3 = R.nn.relu(a3)                                      # 8
+            y = R.add(r3, a3)                                       # 9: a3 has a second consumer
+            R.output(y)
+        return y
+# fmt: on
+
+
+def conv_bias_relu(name, check=None):
+    conv = is_op("relax.nn.conv2d")(wildcard(), wildcard())
+    pat = is_op("relax.nn.relu")(is_op("relax.add")(conv, wildcard()))
+    return Pattern(name, pat, {"conv": conv}, check)
+
+
+# ------------------------------------------------------------------ graph and sub-graph
+
+
+def test_graph_indexes_bindings_in_order():
+    g = DataflowGraph.from_module(Diamond)
+    assert g.ops() == ["relax.matmul", "relax.nn.relu", "relax.exp", "relax.add"]
+    assert g[3].inputs == (1, 2)
+    assert g.consumers[0] == (1, 2)
+    assert g.outputs == {3}
+
+
+def test_convexity():
+    g = DataflowGraph.from_module(Diamond)
+    assert not SubGraph(g, S(0, 3)).is_convex()  # 0 -> 1 -> 3 leaves and comes back
+    assert not SubGraph(g, S(0, 1, 3)).is_convex()  # through 2
+    assert SubGraph(g, S(0, 1, 2)).is_convex()
+    assert not SubGraph(g, S(1, 2)).is_connected()
+
+
+def test_sub_graph_boundary_and_extraction_runs():
+    g = DataflowGraph.from_module(Diamond)
+    sub = SubGraph(g, S(0, 1, 2))
+    assert sub.outputs == (1, 2)  # both feed node 3: a tuple-returning function
+    assert [v.name for v in sub.inputs] == ["x", "w"]
+    mod = tvm.IRModule({"main": sub.extract()})
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 8), dtype="float32"), rng.standard_normal((8, 8), dtype="float32")
+    relu, exp = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w))
+    np.testing.assert_allclose(relu.numpy(), np.maximum(x @ w, 0), rtol=1e-5)
+    np.testing.assert_allclose(exp.numpy(), np.exp(x @ w), rtol=1e-5)
+
+
+def test_structural_key_ignores_weights_and_place_but_not_shape():
+    g = DataflowGraph.from_module(ConvBlocks)
+    first, third = SubGraph(g, S(0, 1)), SubGraph(g, S(6, 7))  # conv + bias, one output each
+    depthwise = SubGraph(g, S(3, 4))
+    assert first.structural_key == third.structural_key
+    assert first.structural_key != depthwise.structural_key
+    # The same ops with one more output (a3 is also read by node 9) compile differently.
+    assert SubGraph(g, S(0, 1, 2)).structural_key != SubGraph(g, S(6, 7, 8)).structural_key
+
+
+def test_op_kinds_come_from_tvm():
+    g = DataflowGraph.from_module(SplitJoin)
+    kinds = [op_kind(g, n) for n in g]
+    assert kinds[3] == OpKind.BROADCAST or kinds[3] == OpKind.ELEMWISE  # add
+    assert kinds[5] == OpKind.TUPLE
+    assert op_kind(DataflowGraph.from_module(Diamond), DataflowGraph.from_module(Diamond)[0]) == OpKind.OUT_ELEMWISE_FUSABLE
+
+
+# ------------------------------------------------------------------ pattern rules
+
+
+def test_rule_on_diamond():
+    g = DataflowGraph.from_module(Diamond)
+    assert sets(grow_rule(g, TVM_RULE)) == {
+        S(0), S(0, 1), S(0, 2), S(0, 1, 2), S(0, 1, 2, 3),  # matmul and its post-ops
+        S(1), S(2), S(3), S(1, 3), S(2, 3), S(1, 2, 3),  # element-wise groups
+    }  # fmt: skip
+
+
+def test_rule_does_not_fuse_across_an_anchor():
+    g = DataflowGraph.from_module(TwoMatmuls)
+    assert sets(grow_rule(g, TVM_RULE)) == {S(0), S(0, 1), S(1), S(2), S(2, 3), S(3)}
+
+
+def test_rule_keeps_max_size():
+    g = DataflowGraph.from_module(Chain)
+    rule = PatternRule("test.pairs", any_op, anchor_then_elementwise, max_size=2)
+    assert sets(grow_rule(g, rule)) == {S(i) for i in range(5)} | {S(i, i + 1) for i in range(4)}
+
+
+def test_rule_with_tuples_and_tuple_output():
+    g = DataflowGraph.from_module(SplitJoin)
+    found = sets(grow_rule(g, TVM_RULE))
+    assert S(0, 1, 2, 3, 4) in found  # split, both items, add, relu: one injective group
+    assert S(0, 1) in found and S(1, 2) not in found  # not connected without the split
+    group = SubGraph(g, S(3, 4))
+    assert group.outputs == (3, 4)  # t leaves as a function output, u feeds the tuple
+    assert S(0, 1, 2, 3, 4, 5) in found
+
+
+def test_valid_op_limits_the_rule():
+    g = DataflowGraph.from_module(Diamond)
+    no_exp = PatternRule("test.no_exp", lambda graph, n: n.op != "relax.exp", anchor_then_elementwise)
+    assert sets(grow_rule(g, no_exp)) == {S(0), S(0, 1), S(1), S(3), S(1, 3)}
+
+
+# ------------------------------------------------------------------ explicit patterns
+
+
+def test_pattern_matches_every_place():
+    g = DataflowGraph.from_module(ConvBlocks)
+    assert sets(match_pattern(g, conv_bias_relu("test.cbr"))) == {S(0, 1, 2), S(3, 4, 5)}
+    # (6, 7, 8) is not a match: a3 (7) is also read by 9, and a fused kernel cannot emit it.
+
+
+def test_pattern_check_rejects():
+    g = DataflowGraph.from_module(ConvBlocks)
+    dense_only = conv_bias_relu("test.cbr", check=lambda m: int(m["conv"].attrs.groups) == 1)
+    assert sets(match_pattern(g, dense_only)) == {S(0, 1, 2)}
+
+
+def test_generate_names_backend_and_pattern():
+    g = DataflowGraph.from_module(ConvBlocks)
+    lib = Backend("lib", OP_LEVEL, ("llvm",), compile=None, patterns=(conv_bias_relu("lib.cbr"),))
+    cands = generate(g, [lib])
+    assert [(c.backend, c.pattern, sorted(c.subgraph.nodes)) for c in cands] == [
+        ("lib", "lib.cbr", [0, 1, 2]),
+        ("lib", "lib.cbr", [3, 4, 5]),
+    ]
+    assert cands[0].key != cands[1].key  # depthwise vs dense convolution
+
+
+# ------------------------------------------------------------------ backend records
+
+
+def test_backend_record_validates():
+    with pytest.raises(ValueError, match="kind"):
+        Backend("x", "fast", ("llvm",), compile=None)
+    with pytest.raises(ValueError, match="target"):
+        Backend("x", OP_LEVEL, ("tpu",), compile=None)
+    with pytest.raises(ValueError, match="x.<what>"):
+        Backend("x", OP_LEVEL, ("llvm",), compile=None, patterns=(conv_bias_relu("y.cbr"),))
+
+
+def test_backend_set_excludes_with_reasons():
+    ok = Backend("ok", OP_LEVEL, ("llvm",), compile=None)
+    gpu = Backend("gpu", OP_LEVEL, ("cuda",), compile=None)
+    missing = Backend("missing", GRAPH_LEVEL, ("llvm",), compile=None, requires=("no_such_library_xyz",))
+    usable, excluded = BackendSet([ok, gpu, missing]).usable("llvm")
+    assert [b.name for b in usable] == ["ok"]
+    assert excluded == {
+        "gpu": "does not serve target 'llvm'",
+        "missing": "missing Python module(s): no_such_library_xyz",
+    }
+    with pytest.raises(KeyError, match="registered: ok"):
+        BackendSet([ok])["nope"]
