@@ -42,9 +42,12 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
     """Every connected, convex group the rule can grow, each once.
 
     From each valid seed, groups grow by one valid neighbour at a time (producer or
-    consumer) while the fusion rule allows it and the size stays within ``max_size``.
-    Non-convex groups are grown further (adding the node that closes the path can make
-    them convex) but never yielded.
+    consumer) while the fusion rule allows it, the group stays convex and its size stays
+    within ``max_size``. Non-convex groups are not grown further: dropping a first or last
+    member keeps a group convex, so a convex group is reached through convex ones whenever
+    such a member can go without disconnecting the rest, which holds for the chains, fans
+    and diamonds of real models. It keeps the search from wandering through values shared
+    far apart (BERT's attention mask feeds every layer).
     """
     valid = [rule.valid_op(graph, node) for node in graph]
     seen: set[frozenset[int]] = set()
@@ -54,16 +57,16 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
         todo = [SubGraph(graph, frozenset({seed.index}))]
         while todo:
             group = todo.pop()
-            if group.nodes in seen:
-                continue
-            seen.add(group.nodes)
-            if group.is_convex():
-                yield group
+            yield group
             if len(group) == rule.max_size:
                 continue
             for n in _neighbours(graph, group):
-                if valid[n] and group.nodes | {n} not in seen and rule.fusion_rule(group, graph[n]):
-                    todo.append(group.union(n))
+                nodes = group.nodes | {n}
+                if valid[n] and nodes not in seen and rule.fusion_rule(group, graph[n]):
+                    seen.add(nodes)
+                    bigger = group.union(n)
+                    if bigger.is_convex():
+                        todo.append(bigger)
 
 
 def _neighbours(graph: DataflowGraph, group: SubGraph) -> list[int]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections import deque
 from dataclasses import dataclass, field
 
 import tvm
@@ -92,17 +91,14 @@ class SubGraph:
         """No path leaves the sub-graph and comes back: such a sub-graph could not run as one
         kernel, since it would need a value computed from its own output."""
         g, last = self.graph, max(self.nodes)
-        todo = deque(c for i in self.nodes for c in g.consumers[i] if c not in self.nodes)
+        # Bindings are in topological order: a node after the last member cannot lead back.
+        todo = [c for i in self.nodes for c in g.consumers[i] if c < last and c not in self.nodes]
         seen = set(todo)
         while todo:
-            i = todo.popleft()
-            # Bindings are in topological order: nothing after the last member can reach back.
-            if i > last:
-                continue
-            for c in g.consumers[i]:
+            for c in g.consumers[todo.pop()]:
                 if c in self.nodes:
                     return False
-                if c not in seen:
+                if c < last and c not in seen:
                     seen.add(c)
                     todo.append(c)
         return True
