@@ -21,6 +21,11 @@ GRAPH_LEVEL = "graph-level"  # an inference engine that optimizes across kernels
 TARGETS = ("llvm", "cuda")
 
 
+class Unsupported(Exception):
+    """A backend cannot compile this sub-graph; the message names what (operator, dtype,
+    attribute) so the candidate is excluded with that reason."""
+
+
 class Kernel(Protocol):
     """A compiled candidate, destination-passing style: ``kernel(*inputs, *outputs)``.
 
@@ -36,8 +41,9 @@ class Backend:
     """What a library can run (patterns and rules) and how to compile it.
 
     ``compile(func, pattern_name, target)`` turns one extracted sub-graph function into a
-    Kernel. ``requires`` names the Python modules the library needs; a backend missing one
-    is excluded with that reason rather than failing later.
+    Kernel. ``requires`` names the Python modules the library needs, and ``probe(target)``
+    says why the library cannot run here (no GPU, no oneDNN in this torch build) or None;
+    a backend that cannot run is excluded with that reason rather than failing later.
     """
 
     name: str
@@ -47,6 +53,7 @@ class Backend:
     patterns: tuple[Pattern, ...] = ()
     rules: tuple[PatternRule, ...] = ()
     requires: tuple[str, ...] = ()
+    probe: Callable[[str], str | None] | None = None
     library: str = ""  # what real library it drives, for reports
 
     def __post_init__(self):
@@ -59,10 +66,14 @@ class Backend:
             if not p.name.startswith(self.name + "."):
                 raise ValueError(f"backend {self.name!r}: pattern {p.name!r} must be named '{self.name}.<what>'")
 
-    def unavailable_reason(self) -> str | None:
-        """Why this backend cannot run on this machine, or None when it can."""
+    def unavailable_reason(self, target: str) -> str | None:
+        """Why this backend cannot run ``target`` on this machine, or None when it can."""
+        if target not in self.targets:
+            return f"does not serve target {target!r}"
         missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
-        return f"missing Python module(s): {', '.join(missing)}" if missing else None
+        if missing:
+            return f"missing Python module(s): {', '.join(missing)}"
+        return self.probe(target) if self.probe is not None else None
 
 
 class BackendSet:
@@ -97,7 +108,7 @@ class BackendSet:
         """The backends that serve ``target`` and can run here, and why each other one cannot."""
         ok, excluded = [], {}
         for b in self:
-            reason = b.unavailable_reason() if target in b.targets else f"does not serve target {target!r}"
+            reason = b.unavailable_reason(target)
             if reason is None:
                 ok.append(b)
             else:

@@ -1,0 +1,94 @@
+"""Running one extracted sub-graph function: on TVM as the reference, or as a backend kernel.
+
+Backend tests and the measurer share these, so "matches TVM's result" means one thing:
+seeded random inputs of the function's types, TVM's default pipeline for the reference,
+outputs preallocated for a kernel that writes them in place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+# float32 results of different kernels for the same sub-graph agree to ~1e-5 relative;
+# the tolerance leaves room for reassociated sums in large reductions (GEMM, conv).
+RTOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
+
+
+def param_types(func: relax.Function) -> list[relax.TensorType]:
+    return [p.ty for p in func.params]
+
+
+def output_types(func: relax.Function) -> list[relax.TensorType]:
+    """The tensor types a kernel for ``func`` writes, in order (a tuple return is flattened)."""
+    ret = func.ret_ty
+    return list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
+
+
+def static_shape(ty: relax.TensorType) -> tuple[int, ...]:
+    if ty.shape is None:
+        raise ValueError(f"dynamic shapes are not supported: {ty}")
+    try:
+        return tuple(int(d) for d in ty.shape)
+    except TypeError:
+        raise ValueError(f"symbolic shape {ty} is not supported; bind shapes first") from None
+
+
+def random_inputs(func: relax.Function, seed: int = 0) -> list[np.ndarray]:
+    """Seeded inputs matching ``func``'s parameters: normal floats, small non-negative ints
+    (valid indices for gathers and embeddings), booleans."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for ty in param_types(func):
+        shape, dtype = static_shape(ty), str(ty.dtype)
+        if dtype.startswith("float"):
+            arrays.append(rng.standard_normal(shape).astype(dtype))
+        elif dtype == "bool":
+            arrays.append(rng.integers(0, 2, shape).astype(bool))
+        else:
+            arrays.append(rng.integers(0, 8, shape).astype(dtype))
+    return arrays
+
+
+def empty_outputs(func: relax.Function, device=None) -> list[tvm.runtime.Tensor]:
+    device = device or tvm.cpu()
+    return [
+        tvm.runtime.empty(static_shape(ty), str(ty.dtype), device) for ty in output_types(func)
+    ]
+
+
+def to_tensors(arrays, device=None) -> list[tvm.runtime.Tensor]:
+    return [tvm.runtime.tensor(a, device or tvm.cpu()) for a in arrays]
+
+
+def run_reference(func: relax.Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """``func`` compiled by TVM's default CPU pipeline, as numpy outputs."""
+    vm = relax.VirtualMachine(tvm.compile(tvm.IRModule({"main": func}), target="llvm"), tvm.cpu())
+    out = vm["main"](*to_tensors(arrays))
+    return [o.numpy() for o in out] if isinstance(func.ret_ty, relax.TupleType) else [out.numpy()]
+
+
+def run_kernel(kernel, func: relax.Function, arrays: list[np.ndarray], device=None) -> list[np.ndarray]:
+    """Call a backend kernel destination-passing style and return its outputs."""
+    outputs = empty_outputs(func, device)
+    kernel(*to_tensors(arrays, device), *outputs)
+    return [o.numpy() for o in outputs]
+
+
+def mismatch(actual: list[np.ndarray], expected: list[np.ndarray]) -> str | None:
+    """Why ``actual`` disagrees with ``expected`` (shape, dtype or values), or None."""
+    if len(actual) != len(expected):
+        return f"{len(actual)} outputs, expected {len(expected)}"
+    for k, (a, e) in enumerate(zip(actual, expected)):
+        if a.shape != e.shape or a.dtype != e.dtype:
+            return f"output {k}: {a.dtype}{list(a.shape)}, expected {e.dtype}{list(e.shape)}"
+        if e.dtype.kind == "f":
+            rtol = RTOL.get(str(e.dtype), 1e-4)
+            scale = max(float(np.abs(e).max(initial=0.0)), 1e-6)
+            err = float(np.abs(a.astype("float64") - e).max(initial=0.0))
+            if not err <= rtol * scale:  # also catches NaN
+                return f"output {k}: max |diff| {err:.3g} exceeds {rtol} x max |expected| {scale:.3g}"
+        elif not np.array_equal(a, e):
+            return f"output {k}: {int((a != e).sum())} of {e.size} values differ"
+    return None
