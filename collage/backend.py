@@ -2,8 +2,8 @@
 
 A backend file in ``backends/`` builds one ``Backend`` and registers nothing when imported.
 Backends are gathered in an explicit ``BackendSet``; ``register_backend`` and
-``list_backends`` act on the default set that ``collage.optimize`` uses when it is given
-none.
+``list_backends`` act on the default set (the built-ins plus what the user registered)
+that ``collage.optimize`` uses when it is given none.
 """
 
 from __future__ import annotations
@@ -116,14 +116,25 @@ class BackendSet:
         return ok, excluded
 
 
-DEFAULT_BACKENDS = BackendSet()
+_default: BackendSet | None = None
+
+
+def default_backends() -> BackendSet:
+    """The set ``collage.optimize`` uses when given none: the built-ins, then what the user
+    registered. Built-ins load on first use, so importing collage stays cheap."""
+    global _default
+    if _default is None:
+        from collage.backends import builtin_backends
+
+        _default = BackendSet(builtin_backends())
+    return _default
 
 
 def register_backend(backend: Backend, replace: bool = False) -> Backend:
-    """Add ``backend`` to the default set that ``collage.optimize`` uses."""
-    DEFAULT_BACKENDS.add(backend, replace)
+    """Add ``backend`` to the default set; ``replace`` swaps one of the same name."""
+    default_backends().add(backend, replace)
     return backend
 
 
 def list_backends() -> list[Backend]:
-    return list(DEFAULT_BACKENDS)
+    return list(default_backends())

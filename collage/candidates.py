@@ -1,6 +1,7 @@
 """The pattern generator: every legal (sub-graph, backend) pairing on one workload.
 
-A Candidate is a connected, convex sub-graph that one backend can run as one unit, found by
+A Candidate is a connected, convex sub-graph, with only tensors crossing its boundary, that
+one backend can run as one unit, found by
 one of its explicit patterns or grown by one of its pattern rules. Candidates with the same
 ``key`` (backend, pattern, structural key of the sub-graph) compile to the same kernel and
 are measured once.
@@ -39,7 +40,7 @@ def match_pattern(graph: DataflowGraph, pattern: Pattern) -> Iterator[SubGraph]:
 
 
 def grow_rule(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
-    """Every connected, convex group the rule can grow, each once.
+    """Every connected, convex group with a tensor boundary the rule can grow, each once.
 
     From each valid seed, groups grow by one valid neighbour at a time (producer or
     consumer) while the fusion rule allows it, the group stays convex and its size stays
@@ -57,7 +58,8 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
         todo = [SubGraph(graph, frozenset({seed.index}))]
         while todo:
             group = todo.pop()
-            yield group
+            if group.has_tensor_boundary():
+                yield group
             if len(group) == rule.max_size:
                 continue
             for n in _neighbours(graph, group):

@@ -64,7 +64,9 @@ def op_name(value: relax.Expr) -> str:
 class DataflowGraph:
     """The bindings of ``func``'s single dataflow block, in topological (binding) order.
 
-    Function parameters and constants are not nodes: they are the graph's free inputs.
+    Function parameters and constants are not nodes: they are the graph's free inputs. A
+    final binding that only packs the function's results into a tuple is not a node either:
+    the values it packs are the graph's outputs.
     """
 
     def __init__(self, func: relax.Function):
@@ -76,18 +78,24 @@ class DataflowGraph:
             )
         self.func = func
         self.block = blocks[0]
+        result = func.body.body
         index_of_var: dict[relax.Var, int] = {}
         nodes = []
-        for i, binding in enumerate(self.block.bindings):
+        for binding in self.block.bindings:
             if not isinstance(binding, relax.VarBinding):
-                raise ValueError(f"unsupported binding kind {type(binding).__name__} at position {i}")
+                raise ValueError(f"unsupported binding kind {type(binding).__name__}: {binding.var}")
+            if binding.var.same_as(result) and isinstance(binding.value, relax.Tuple):
+                # Packing the function's results is not an operator: its fields are the outputs.
+                result = binding.value
+                continue
+            i = len(nodes)
             used = [index_of_var[v] for v in relax.analysis.free_vars(binding.value) if v in index_of_var]
             nodes.append(Node(i, binding.var, binding.value, op_name(binding.value), tuple(dict.fromkeys(used))))
             index_of_var[binding.var] = i
         self.nodes: tuple[Node, ...] = tuple(nodes)
         self.index_of_var = index_of_var
         self.outputs: frozenset[int] = frozenset(
-            index_of_var[v] for v in relax.analysis.free_vars(func.body.body) if v in index_of_var
+            index_of_var[v] for v in relax.analysis.free_vars(result) if v in index_of_var
         )
         consumers: list[list[int]] = [[] for _ in nodes]
         for node in nodes:

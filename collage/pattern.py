@@ -69,7 +69,7 @@ class Pattern:
         sub = SubGraph(graph, frozenset(covered))
         if not self.allow_intermediate_outputs and sub.outputs != (root.index,):
             return None
-        if not sub.is_convex():
+        if not sub.is_convex() or not sub.has_tensor_boundary():
             return None
         match = Match(sub, root, {name: matched[p] for name, p in self.annotations.items() if p in matched})
         if self.check is not None and not self.check(match):

@@ -92,3 +92,38 @@ def mismatch(actual: list[np.ndarray], expected: list[np.ndarray]) -> str | None
         elif not np.array_equal(a, e):
             return f"output {k}: {int((a != e).sum())} of {e.size} values differ"
     return None
+
+
+def check_candidate(backend, func: relax.Function, pattern: str, target: str = "llvm", seed: int = 0) -> str | None:
+    """Compile ``func`` on ``backend``, run it on seeded random inputs and compare with TVM.
+
+    Returns None when the kernel matches, else one line saying why it does not: the library
+    cannot run it (``Unsupported``), compiling or running failed, or the values differ. A
+    failing candidate is excluded with this reason; it never raises.
+    """
+    from .backend import Unsupported
+
+    reason = backend.unavailable_reason(target)
+    if reason is not None:
+        return reason
+    arrays = random_inputs(func, seed)
+    try:
+        kernel = backend.compile(func, pattern, target)
+    except Unsupported as err:
+        return f"unsupported: {err}"
+    except Exception as err:  # a library's own compile error: exclude the candidate, keep going
+        return f"compile failed: {type(err).__name__}: {_first_line(err)}"
+    try:
+        actual = run_kernel(kernel, func, arrays, _device(target))
+    except Exception as err:
+        return f"run failed: {type(err).__name__}: {_first_line(err)}"
+    return mismatch(actual, run_reference(func, arrays))
+
+
+def _device(target: str):
+    return tvm.cuda() if target == "cuda" else tvm.cpu()
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else "(no message)"

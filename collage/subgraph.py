@@ -75,6 +75,12 @@ class SubGraph:
 
     # ------------------------------------------------------------------ shape checks
 
+    def has_tensor_boundary(self) -> bool:
+        """Every value crossing the boundary is a tensor. A kernel reads and writes flat
+        tensors, so a tuple may live inside a partition but not pass between two."""
+        crossing = [v.ty for v in self.inputs] + [self.graph[i].ty for i in self.outputs]
+        return all(isinstance(ty, relax.TensorType) for ty in crossing)
+
     def is_connected(self) -> bool:
         """Connected when edges are read in both directions."""
         g, start = self.graph, min(self.nodes)

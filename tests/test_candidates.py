@@ -69,7 +69,7 @@ class SplitJoin:
             s1 = s[1]                   # 2
             t = R.add(s0, s1)           # 3
             u = R.nn.relu(t)            # 4
-            out = (t, u)                # 5: tuple output of the function
+            out = (t, u)                # packs the results: not a node
             R.output(out)
         return out
 
@@ -162,7 +162,7 @@ def test_op_kinds_come_from_tvm():
     g = DataflowGraph.from_module(SplitJoin)
     kinds = [op_kind(g, n) for n in g]
     assert kinds[3] == OpKind.BROADCAST or kinds[3] == OpKind.ELEMWISE  # add
-    assert kinds[5] == OpKind.TUPLE
+    assert kinds[0] == OpKind.INJECTIVE  # split
     assert op_kind(DataflowGraph.from_module(Diamond), DataflowGraph.from_module(Diamond)[0]) == OpKind.OUT_ELEMWISE_FUSABLE
 
 
@@ -190,12 +190,13 @@ def test_rule_keeps_max_size():
 
 def test_rule_with_tuples_and_tuple_output():
     g = DataflowGraph.from_module(SplitJoin)
+    assert len(g) == 5 and g.outputs == {3, 4}
     found = sets(grow_rule(g, TVM_RULE))
     assert S(0, 1, 2, 3, 4) in found  # split, both items, add, relu: one injective group
-    assert S(0, 1) in found and S(1, 2) not in found  # not connected without the split
-    group = SubGraph(g, S(3, 4))
-    assert group.outputs == (3, 4)  # t leaves as a function output, u feeds the tuple
-    assert S(0, 1, 2, 3, 4, 5) in found
+    assert S(0, 1, 2) in found and S(1, 2) not in found  # not connected without the split
+    assert S(0, 1) not in found  # the split's tuple would cross the boundary
+    assert S(0) not in found  # nor can a group end in a tuple
+    assert SubGraph(g, S(3, 4)).outputs == (3, 4)  # both are function outputs
 
 
 def test_valid_op_limits_the_rule():

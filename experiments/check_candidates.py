@@ -1,0 +1,104 @@
+"""Candidates on zoo models: how many each backend gets, and whether each one runs right.
+
+For every model: generate the candidates of every backend usable on the target, check that
+``tvm`` alone covers every operator, then compile each distinct candidate (one per
+structural key) on its backend, run it on random inputs and compare with TVM's reference.
+
+    python -m experiments.check_candidates --model resnet50 bert [--small] [--no-run]
+
+Prints a table per model and writes experiments/results/candidates.json (candidates-small.json
+with --small).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+from collections import Counter
+
+from collage import runner
+from collage.backend import default_backends
+from collage.candidates import generate
+from collage.graph import DataflowGraph
+from experiments import models
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def distinct(candidates):
+    """One candidate per (backend, pattern, structural key): what gets compiled."""
+    seen = {}
+    for c in candidates:
+        seen.setdefault(c.key, c)
+    return list(seen.values())
+
+
+def check_model(name: str, small: bool, target: str = "llvm", run: bool = True) -> dict:
+    graph = DataflowGraph.from_module(models.load(name, small=small).relax)
+    backends, excluded = default_backends().usable(target)
+    started = time.perf_counter()
+    candidates = generate(graph, backends)
+    generate_s = time.perf_counter() - started
+    by_backend = {b.name: [c for c in candidates if c.backend == b.name] for b in backends}
+    covered_by_tvm = set().union(*(c.subgraph.nodes for c in by_backend.get("tvm", [])))
+    report = {
+        "nodes": len(graph),
+        "generate_s": round(generate_s, 2),
+        "uncovered_by_tvm": sorted({graph[i].op for i in range(len(graph)) if i not in covered_by_tvm}),
+        "excluded_backends": excluded,
+        "backends": {},
+    }
+    by_name = {b.name: b for b in backends}
+    for backend_name, cands in by_backend.items():
+        unique = distinct(cands)
+        entry = {"candidates": len(cands), "distinct": len(unique), "patterns": dict(Counter(c.pattern for c in cands))}
+        if run:
+            failures = {}
+            for c in unique:
+                reason = runner.check_candidate(by_name[backend_name], c.subgraph.extract(), c.pattern, target)
+                if reason is not None:
+                    failures[f"{c.pattern} {'+'.join(c.subgraph.ops)}"] = reason
+            entry["failed"] = failures
+        report["backends"][backend_name] = entry
+    return report
+
+
+def print_report(name: str, report: dict) -> None:
+    print(f"\n{name}: {report['nodes']} operators, candidates generated in {report['generate_s']} s")
+    print(f"  {'backend':<12} {'candidates':>10} {'distinct':>9} {'failed':>7}")
+    for backend, entry in report["backends"].items():
+        failed = len(entry.get("failed", {})) if "failed" in entry else "-"
+        print(f"  {backend:<12} {entry['candidates']:>10} {entry['distinct']:>9} {failed:>7}")
+    for backend, reason in report["excluded_backends"].items():
+        print(f"  {backend:<12} excluded: {reason}")
+    if report["uncovered_by_tvm"]:
+        print(f"  NOT covered by tvm: {', '.join(report['uncovered_by_tvm'])}")
+    for backend, entry in report["backends"].items():
+        for what, reason in entry.get("failed", {}).items():
+            print(f"  {backend} {what}: {reason}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", nargs="+", default=["resnet50", "bert"], help="zoo model names, or 'all'")
+    parser.add_argument("--small", action="store_true", help="reduced input sizes (as in the tests)")
+    parser.add_argument("--no-run", action="store_true", help="count candidates only")
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    names = list(models.MODELS) if args.model == ["all"] else args.model
+    out = args.out or RESULTS / ("candidates-small.json" if args.small else "candidates.json")
+    results = json.loads(out.read_text()) if out.exists() else {}
+    for name in names:
+        results[name] = check_model(name, args.small, run=not args.no_run)
+        print_report(name, results[name])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    failed = sum(len(e.get("failed", {})) for r in results.values() for e in r["backends"].values())
+    uncovered = [n for n, r in results.items() if r["uncovered_by_tvm"]]
+    return 1 if failed or uncovered else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
