@@ -7,10 +7,13 @@
     w.relax                  # Relax IRModule, weights bound (tvm.relax.frontend.torch)
     w.onnx                   # onnx.ModelProto, opset 17, ir_version 10
 
-Weights are random but not arbitrary: every model is built under ``torch.manual_seed`` and
-its BatchNorm statistics are calibrated on one random batch, so activations stay in the
-range a trained network has (untouched running stats would let deep nets blow up or vanish,
-which hides numerical errors behind huge or tiny outputs).
+Weights are random but not arbitrary: every model is built under ``torch.manual_seed``;
+parameters that initialization leaves exactly zero or one (biases, normalization scales and
+shifts) get a little seeded noise, as training would, so no graph rewrite can score by
+deleting an ``x + 0`` or ``x * 1`` that a trained model does not have; and BatchNorm
+statistics are calibrated on one random batch, so activations stay in the range a trained
+network has (untouched running stats would let deep nets blow up or vanish, which hides
+numerical errors behind huge or tiny outputs).
 
 ``load(name, small=True)`` builds the same architecture at the reduced input size listed
 in ``SMALL_INPUTS`` (documented per model below); the test suite uses it so that TVM's
@@ -477,6 +480,13 @@ def random_inputs(spec: ModelSpec, shape, seed=SEED) -> tuple[torch.Tensor, ...]
 
 
 @torch.no_grad()
+def _perturb_constant_parameters(net: nn.Module, std: float = 0.02) -> None:
+    for p in net.parameters():
+        if p.numel() > 1 and (torch.all(p == 0) or torch.all(p == 1)):
+            p.add_(torch.randn_like(p) * std)
+
+
+@torch.no_grad()
 def _calibrate_batchnorm(net: nn.Module, example: torch.Tensor) -> None:
     """Set BatchNorm running statistics from a random batch (cumulative average, one pass)."""
     bns = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
@@ -500,6 +510,7 @@ class Workload:
         self.input_shape = self.spec.small_input if small else self.spec.input
         torch.manual_seed(seed)
         net = self.spec.build().eval()
+        _perturb_constant_parameters(net)
         self.inputs = random_inputs(self.spec, self.input_shape, seed)
         if self.spec.dtype.is_floating_point:
             _calibrate_batchnorm(net, self.inputs[0])

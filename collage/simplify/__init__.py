@@ -1,0 +1,19 @@
+"""Graph simplification before placement: ``simplify(mod)`` and its report.
+
+``pipeline`` wires the steps together; ``batch_norm``, ``identities``, ``transposes`` and
+``constants`` hold the hand-written rewrites (the ones TVM has no pass for), each a
+``tvm.relax.dpl`` pattern with its replacement (``pattern_rewrite``).
+"""
+
+from .ops import op_count, op_histogram
+from .pipeline import DEFAULT_STEPS, SimplifyReport, StepCount, TvmPass, simplify
+
+__all__ = [
+    "DEFAULT_STEPS",
+    "SimplifyReport",
+    "StepCount",
+    "TvmPass",
+    "op_count",
+    "op_histogram",
+    "simplify",
+]
