@@ -8,6 +8,7 @@ that ``collage.optimize`` uses when it is given none.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Protocol
@@ -74,6 +75,15 @@ class Backend:
         if missing:
             return f"missing Python module(s): {', '.join(missing)}"
         return self.probe(target) if self.probe is not None else None
+
+
+def installed_version(distribution: str) -> str:
+    """A package's installed version, read without importing it, for ``Backend.library``:
+    costs are kept per library version."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 class BackendSet:

@@ -1,6 +1,7 @@
 """Candidates on zoo models: how many each backend gets, and whether each one runs right.
 
-For every model: generate the candidates of every backend usable on the target, check that
+For every model, simplified first as ``collage.optimize`` will: generate the candidates of
+every backend usable on the target, check that
 ``tvm`` alone covers every operator, then compile each distinct candidate (one per
 structural key) on its backend, run it on random inputs and compare with TVM's reference.
 
@@ -18,7 +19,7 @@ import pathlib
 import time
 from collections import Counter
 
-from collage import runner
+from collage import runner, simplify
 from collage.backend import default_backends
 from collage.candidates import generate
 from collage.graph import DataflowGraph
@@ -36,7 +37,7 @@ def distinct(candidates):
 
 
 def check_model(name: str, small: bool, target: str = "llvm", run: bool = True) -> dict:
-    graph = DataflowGraph.from_module(models.load(name, small=small).relax)
+    graph = DataflowGraph.from_module(simplify(models.load(name, small=small).relax))
     backends, excluded = default_backends().usable(target)
     started = time.perf_counter()
     candidates = generate(graph, backends)

@@ -1,0 +1,36 @@
+"""NVIDIA cuBLAS, through PyTorch CUDA: float32 GEMM and batched GEMM on the GPU.
+
+The same kernel as ``backends/mkl.py`` on CUDA tensors, where PyTorch calls cuBLAS
+(``mm``, ``bmm``) and cuBLASLt (``addmm`` with its bias epilogue, ``_addmm_activation``
+with bias and ReLU fused). Outputs are written in place with ``out=``; inputs are DLPack
+views of TVM's CUDA buffers; constant weights are copied to the GPU once, at compile time.
+PyTorch's default keeps float32 matmuls in full precision (no TF32), as TVM computes them.
+"""
+
+from collage.backend import OP_LEVEL, Backend, installed_version
+from collage.backends.mkl import matmul_kernel
+from collage.patterns import kernels
+
+PATTERNS = {p.name: p for p in kernels.matmul_patterns("cublas")}
+
+
+def probe(target: str) -> str | None:
+    import torch
+
+    return None if torch.cuda.is_available() else "PyTorch has no CUDA device (CPU build or no GPU)"
+
+
+def compile(func, pattern: str, target: str):
+    return matmul_kernel(func, kernels.compile_match(func, PATTERNS, pattern), device="cuda")
+
+
+BACKEND = Backend(
+    name="cublas",
+    kind=OP_LEVEL,
+    targets=("cuda",),
+    compile=compile,
+    patterns=tuple(PATTERNS.values()),
+    requires=("torch",),
+    probe=probe,
+    library=f"cuBLAS in PyTorch {installed_version('torch')}",
+)

@@ -1,0 +1,69 @@
+"""NVIDIA cuDNN, through PyTorch CUDA: float32 convolution (2-D, 3-D) with its post-ops.
+
+``aten::cudnn_convolution.out`` runs cuDNN's convolution straight into the caller's buffer
+(a DLPack view of TVM's CUDA tensor), with TF32 off so results match TVM's float32. The
+bias, residual add and ReLU follow as in-place passes on that buffer: cuDNN's fused
+``cudnn_convolution_add_relu`` has no ``out=`` of its own and follows PyTorch's global
+TF32 switch, so it would cost a copy and the precision. Constant weights and biases are
+copied to the GPU once, at compile time.
+"""
+
+from collage.backend import OP_LEVEL, Backend, installed_version
+from collage.patterns import kernels
+from collage.patterns.kernels import shape_of
+
+PATTERNS = {p.name: p for p in kernels.conv_patterns("cudnn", dims=(2, 3))}
+
+
+def probe(target: str) -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "PyTorch has no CUDA device (CPU build or no GPU)"
+    if not torch.backends.cudnn.is_available():
+        return "this PyTorch build has no cuDNN"
+    return None
+
+
+def compile(func, pattern: str, target: str):
+    import torch
+
+    match = kernels.compile_match(func, PATTERNS, pattern)
+    padding, stride, dilation, groups = kernels.conv_params(match)
+    channel_shape = (1, shape_of(match["conv"])[1], *[1] * len(stride))  # [1, C, 1, 1]
+
+    def on_gpu(t):
+        return t.to("cuda")
+
+    data = kernels.reader(func, match, "data", torch.from_dlpack, on_gpu)
+    weight = kernels.reader(func, match, "weight", torch.from_dlpack, on_gpu)
+    bias = kernels.reader(func, match, "bias", lambda t: torch.from_dlpack(t).reshape(channel_shape), on_gpu)
+    residual = kernels.reader(func, match, "residual", torch.from_dlpack, on_gpu)
+    relu = "relu" in match.captures
+
+    def kernel(*tensors):
+        inputs, out = tensors[:-1], torch.from_dlpack(tensors[-1])
+        torch.ops.aten.cudnn_convolution.out(
+            data(inputs), weight(inputs), padding, stride, dilation, groups,
+            False, False, False, out=out,  # benchmark, deterministic, allow_tf32
+        )  # fmt: skip
+        if bias is not None:
+            out.add_(bias(inputs))
+        if residual is not None:
+            out.add_(residual(inputs))
+        if relu:
+            out.relu_()
+
+    return kernel
+
+
+BACKEND = Backend(
+    name="cudnn",
+    kind=OP_LEVEL,
+    targets=("cuda",),
+    compile=compile,
+    patterns=tuple(PATTERNS.values()),
+    requires=("torch",),
+    probe=probe,
+    library=f"cuDNN in PyTorch {installed_version('torch')}",
+)

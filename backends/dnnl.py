@@ -1,0 +1,116 @@
+"""oneDNN, the build bundled in PyTorch (``torch.ops.mkldnn``; oneDNN 3.x in torch 2.13).
+
+Convolution (2-D, 3-D; float32, channels-first) runs oneDNN's primitive through
+``mkldnn._convolution_pointwise``, with the bias and, when nothing follows it, the ReLU
+fused as post-ops. Constant weights are reordered into oneDNN's blocked layout once, at
+compile time (``mkldnn._reorder_convolution_weight``); with them the primitive works
+channels-last: PyTorch reorders the NCHW input for it and returns a new tensor (no
+``out=``), which one pass moves into the caller's buffer: a ``copy_``, or with a residual
+the add itself (``add``/``_add_relu`` with ``out=``). oneDNN fuses the residual add only
+into channels-last buffers, and TVM's are NCHW.
+
+Pooling (2-D max and average): PyTorch pools dense CPU tensors with ATen's own kernels, so
+these convert to oneDNN tensors (``to_mkldnn``), pool with oneDNN's primitive and convert
+back (``to_dense``, then ``copy_``): three copies, measured like any candidate.
+"""
+
+from collage.backend import OP_LEVEL, Backend, installed_version
+from collage.pattern import Pattern
+from collage.patterns import kernels
+from collage.patterns.kernels import Check, shape_of
+
+
+def probe(target: str) -> str | None:
+    import torch
+
+    return None if torch.backends.mkldnn.is_available() else "this PyTorch build has no oneDNN (mkldnn)"
+
+
+def avg_pool_rule(match) -> str | None:
+    attrs = match["pool"].attrs
+    if any(int(d) != 1 for d in attrs.dilation):  # oneDNN's average pooling has no dilation
+        return "dilated average pooling"
+    # A ceil_mode window overhanging the padding: oneDNN divides by its clipped size, TVM by k*k.
+    if attrs.ceil_mode and attrs.count_include_pad:
+        return "ceil_mode with count_include_pad"
+    return None
+
+
+PATTERNS = {
+    p.name: p
+    for p in (
+        *kernels.conv_patterns("dnnl", dims=(2, 3)),
+        Pattern("dnnl.max_pool2d", *kernels.pool2d("relax.nn.max_pool2d"), check=kernels.POOL_CHECK),
+        Pattern("dnnl.avg_pool2d", *kernels.pool2d("relax.nn.avg_pool2d"),
+                check=Check((*kernels.POOL_CHECK.rules, avg_pool_rule))),
+    )
+}  # fmt: skip
+
+
+def compile(func, pattern: str, target: str):
+    match = kernels.compile_match(func, PATTERNS, pattern)
+    return conv_kernel(func, match) if "conv" in match.captures else pool_kernel(func, match)
+
+
+def conv_kernel(func, match):
+    import torch
+
+    padding, stride, dilation, groups = kernels.conv_params(match)
+    data_shape = list(shape_of(match["data"]))
+
+    def pack(weight):  # into oneDNN's blocked layout for this convolution, once
+        return torch.ops.mkldnn._reorder_convolution_weight(weight, padding, stride, dilation, groups, data_shape)
+
+    data = kernels.reader(func, match, "data", torch.from_dlpack)
+    weight = kernels.reader(func, match, "weight", torch.from_dlpack, prepare=pack)
+    bias = kernels.reader(func, match, "bias", lambda t: torch.from_dlpack(t).reshape(-1))
+    residual = kernels.reader(func, match, "residual", torch.from_dlpack)
+    relu = "relu" in match.captures
+    fused_relu = "relu" if relu and residual is None else "none"  # else ReLU follows the add
+
+    def kernel(*tensors):
+        inputs, out = tensors[:-1], torch.from_dlpack(tensors[-1])
+        conv = torch.ops.mkldnn._convolution_pointwise(
+            data(inputs), weight(inputs), bias(inputs) if bias else None,
+            padding, stride, dilation, groups, fused_relu, [], "",
+        )  # fmt: skip
+        if residual is None:
+            out.copy_(conv)
+        elif relu:
+            torch.ops.aten._add_relu(conv, residual(inputs), out=out)
+        else:
+            torch.add(conv, residual(inputs), out=out)
+
+    return kernel
+
+
+def pool_kernel(func, match):
+    import torch
+
+    attrs = match["pool"].attrs
+    size, stride, dilation = ([int(v) for v in a] for a in (attrs.pool_size, attrs.strides, attrs.dilation))
+    padding, ceil_mode = [int(p) for p in attrs.padding][:2], bool(attrs.ceil_mode)
+    if match["pool"].op.name == "relax.nn.max_pool2d":
+        pool = lambda x: torch.ops.aten.mkldnn_max_pool2d(x, size, stride, padding, dilation, ceil_mode)
+    else:
+        include_pad = bool(attrs.count_include_pad)
+        pool = lambda x: torch.ops.aten.avg_pool2d(x, size, stride, padding, ceil_mode, include_pad)
+    data = kernels.reader(func, match, "data", torch.from_dlpack)
+
+    def kernel(*tensors):
+        inputs, out = tensors[:-1], torch.from_dlpack(tensors[-1])
+        out.copy_(pool(data(inputs).to_mkldnn()).to_dense())
+
+    return kernel
+
+
+BACKEND = Backend(
+    name="dnnl",
+    kind=OP_LEVEL,
+    targets=("llvm",),
+    compile=compile,
+    patterns=tuple(PATTERNS.values()),
+    requires=("torch",),
+    probe=probe,
+    library=f"oneDNN in PyTorch {installed_version('torch')}",
+)

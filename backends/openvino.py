@@ -1,0 +1,79 @@
+"""OpenVINO (Intel's inference engine): CPU plugin, f32 unless asked otherwise.
+
+A candidate becomes an in-memory ONNX model (``collage.onnx_convert``), read by OpenVINO's
+ONNX frontend and compiled for the CPU plugin. The kernel wraps the caller's TVM tensors as
+shared-memory ``ov.Tensor`` s over DLPack views, so OpenVINO reads the inputs and writes the
+outputs in place: no copy either way.
+
+Precision: the CPU plugin picks bf16 on CPUs that have it, which misses TVM's f32 results by
+far more than the tolerance, so ``BACKEND`` forces f32; ``with_precision("bf16")`` gives a
+record for another precision, to put in a BackendSet instead. Threads: ``COLLAGE_NUM_THREADS``, read when a candidate
+is compiled; unset or 0 leaves OpenVINO's default. openvino is imported only to compile.
+"""
+
+import dataclasses
+import functools
+import os
+
+import numpy as np
+from tvm import relax
+
+from collage.backend import GRAPH_LEVEL, Backend, installed_version
+from collage.onnx_convert import convertible, to_onnx
+from collage.pattern import PatternRule
+from collage.patterns.fusion import anchor_then_elementwise
+
+
+def _config(precision: str) -> dict:
+    config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
+    threads = int(os.environ.get("COLLAGE_NUM_THREADS", "0"))
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    return config
+
+
+def compile(func: relax.Function, pattern: str, target: str, precision: str = "f32"):
+    import openvino as ov
+
+    model = to_onnx(func)
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU", _config(precision))
+    request = compiled.create_infer_request()
+    # OpenVINO drops inputs whose values are never read (zeros_like reads only the shape).
+    ports = {name for port in (*compiled.inputs, *compiled.outputs) for name in port.get_names()}
+    slots = [(k, v.name) for k, v in enumerate((*model.graph.input, *model.graph.output)) if v.name in ports]
+    bound = {}  # slot -> (pointer, shape) of the buffer its shared tensor wraps
+
+    def kernel(*tensors):
+        # Wrapping and setting costs more than running a small op, so a slot is set again only
+        # when the caller passes another buffer. The view keeps the wrapped buffer alive.
+        for k, name in slots:
+            t = tensors[k]
+            where = (t.data_ptr(), t.shape)
+            if bound.get(k) != where:
+                request.set_tensor(name, ov.Tensor(np.from_dlpack(t), shared_memory=True))
+                bound[k] = where
+        request.infer()
+
+    return kernel
+
+
+BACKEND = Backend(
+    name="openvino",
+    kind=GRAPH_LEVEL,
+    targets=("llvm",),
+    compile=compile,
+    # Graph-level search over larger partitions comes later; for now, TVM's fusion groups.
+    rules=(PatternRule("openvino.fused", convertible, anchor_then_elementwise),),
+    requires=("openvino", "onnx"),
+    library=f"OpenVINO {installed_version('openvino')} (CPU plugin, f32)",
+)
+
+
+def with_precision(precision: str) -> Backend:
+    """The backend with another ``INFERENCE_PRECISION_HINT`` ("bf16", "f16"), for a BackendSet."""
+    return dataclasses.replace(
+        BACKEND,
+        compile=functools.partial(compile, precision=precision),
+        library=BACKEND.library.replace("f32", precision),
+    )

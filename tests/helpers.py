@@ -1,0 +1,48 @@
+"""What the backend tests share: zoo graphs loaded once, candidate samples, failures."""
+
+from __future__ import annotations
+
+import functools
+
+from collage import runner
+from collage.candidates import generate
+from collage.graph import DataflowGraph
+from collage.simplify import simplify
+from experiments import models
+
+
+@functools.lru_cache(maxsize=None)
+def zoo_graph(name: str, simplified: bool = False) -> DataflowGraph:
+    """A zoo model at its test size, as a graph (after ``collage.simplify`` if asked)."""
+    mod = models.load(name, small=True).relax
+    return DataflowGraph.from_module(simplify(mod) if simplified else mod)
+
+
+def zoo_candidates(name: str, backend, simplified: bool = False):
+    return generate(zoo_graph(name, simplified), [backend])
+
+
+def sample(candidates, limit: int | None = None):
+    """One candidate per structural key: first enough to cover every pattern and operator
+    seen, then evenly spaced others, at most ``limit`` in all."""
+    distinct = list({c.key: c for c in reversed(candidates)}.values())[::-1]
+    chosen, covered = [], set()
+    for c in sorted(distinct, key=lambda c: -len(c.subgraph)):
+        seen = {c.pattern, *c.subgraph.ops}
+        if not covered.issuperset(seen):
+            chosen.append(c)
+            covered |= seen
+    if limit is None:
+        return distinct
+    rest = [c for c in distinct if c not in chosen]
+    step = max(1, len(rest) // max(1, limit - len(chosen)))
+    return (chosen + rest[::step])[:limit]
+
+
+def failures(backend, candidates, target: str = "llvm") -> dict[str, str]:
+    """Each candidate that does not compile, run and agree with TVM, with the reason."""
+    return {
+        f"{c} {'+'.join(c.subgraph.ops)}": reason
+        for c in candidates
+        if (reason := runner.check_candidate(backend, c.subgraph.extract(), c.pattern, target)) is not None
+    }

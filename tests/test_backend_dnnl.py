@@ -1,0 +1,190 @@
+"""The dnnl backend: each pattern matches where it should, its checks reject what oneDNN
+cannot run, and every kernel agrees with TVM's default result for the same sub-graph."""
+
+import numpy as np
+import pytest
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from collage import runner
+from collage.backends import dnnl
+from collage.candidates import generate
+from collage.graph import DataflowGraph
+from collage.subgraph import SubGraph
+from tests.helpers import failures, sample, zoo_candidates
+
+BACKEND = dnnl.BACKEND
+
+
+# fmt: off
+@I.ir_module
+class ConvBlocks2d:  # every conv2d pattern and both poolings match once, rooted at the comment
+    @R.function
+    def main(x: R.Tensor((1, 4, 8, 8), "float32"), w1: R.Tensor((8, 4, 3, 3), "float32"),
+             w: R.Tensor((8, 8, 3, 3), "float32"), wg: R.Tensor((8, 4, 3, 3), "float32"),
+             b: R.Tensor((8,), "float32")):
+        with R.dataflow():
+            c1 = R.nn.conv2d(x, w1, padding=[1, 1, 1, 1])                 # 0 conv2d
+            r1 = R.nn.relu(c1)                                           # 1 conv2d_relu
+            c2 = R.nn.conv2d(r1, w, padding=[1, 1, 1, 1])                 # 2
+            bs2 = R.reshape(b, R.shape([1, 8, 1, 1]))                     # 3
+            b2 = R.add(c2, bs2)                                          # 4 conv2d_bias
+            y2 = R.nn.relu(b2)                                           # 5 conv2d_bias_relu
+            c3 = R.nn.conv2d(y2, wg, padding=[1, 1, 1, 1], groups=2)      # 6
+            a3 = R.add(y2, c3)                                           # 7 conv2d_add
+            z3 = R.nn.relu(a3)                                           # 8 conv2d_add_relu
+            c4 = R.nn.conv2d(z3, w, strides=[2, 2], padding=[1, 1, 1, 1])  # 9
+            bs4 = R.reshape(b, R.shape([1, 8, 1, 1]))                     # 10
+            b4 = R.add(bs4, c4)                                          # 11 conv2d_bias
+            p = R.nn.max_pool2d(z3, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1])  # 12
+            a4 = R.add(b4, p)                                            # 13 conv2d_bias_add
+            z4 = R.nn.relu(a4)                                           # 14 conv2d_bias_add_relu
+            q = R.nn.avg_pool2d(z4, pool_size=[2, 2], strides=[2, 2])     # 15 avg_pool2d
+            R.output(q)
+        return q
+
+
+@I.ir_module
+class ConvBlocks3d:  # the bias comes already shaped [1, C, 1, 1, 1]
+    @R.function
+    def main(x: R.Tensor((1, 2, 4, 6, 6), "float32"), w: R.Tensor((4, 2, 3, 3, 3), "float32"),
+             w1: R.Tensor((4, 4, 1, 1, 1), "float32"), b: R.Tensor((1, 4, 1, 1, 1), "float32")):
+        with R.dataflow():
+            c1 = R.nn.conv3d(x, w, padding=[1, 1, 1, 1, 1, 1])  # 0 conv3d
+            b1 = R.add(c1, b)                                   # 1 conv3d_bias
+            r1 = R.nn.relu(b1)                                  # 2 conv3d_bias_relu
+            c2 = R.nn.conv3d(r1, w1)                            # 3 conv3d
+            a2 = R.add(c2, r1)                                  # 4 conv3d_add
+            z2 = R.nn.relu(a2)                                  # 5 conv3d_add_relu
+            c3 = R.nn.conv3d(z2, w1)                            # 6 conv3d
+            b3 = R.add(c3, b)                                   # 7 conv3d_bias
+            a3 = R.add(b3, z2)                                  # 8 conv3d_bias_add
+            z3 = R.nn.relu(a3)                                  # 9 conv3d_bias_add_relu
+            c4 = R.nn.conv3d(z3, w1, strides=[2, 2, 2])         # 10 conv3d
+            r4 = R.nn.relu(c4)                                  # 11 conv3d_relu
+            R.output(r4)
+        return r4
+
+
+@I.ir_module
+class NearMisses:  # one thing oneDNN (through PyTorch) cannot do per operator
+    @R.function
+    def main(x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((8, 4, 3, 3), "float32"),
+             xh: R.Tensor((1, 8, 8, 4), "float32"), wh: R.Tensor((8, 3, 3, 4), "float32"),
+             x16: R.Tensor((1, 4, 8, 8), "float16"), w16: R.Tensor((8, 4, 3, 3), "float16"),
+             row: R.Tensor((1, 1, 1, 8), "float32")):
+        with R.dataflow():
+            nhwc = R.nn.conv2d(xh, wh, padding=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI",
+                               out_layout="NHWC")                                     # 0 layout
+            half = R.nn.conv2d(x16, w16, padding=[1, 1, 1, 1])                         # 1 float16
+            lopsided = R.nn.conv2d(x, w, padding=[0, 0, 1, 1])                         # 2 padding
+            c = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])                                # 3 conv2d
+            by_row = R.add(c, row)                                                     # 4 not per channel
+            avg = R.nn.avg_pool2d(x, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1],
+                                  ceil_mode=True, count_include_pad=True)              # 5 divisor
+            R.output(nhwc, half, lopsided, by_row, avg)
+        return (nhwc, half, lopsided, by_row, avg)
+# fmt: on
+
+
+def with_weights_bound(mod, seed=0):
+    """``mod`` with every parameter but the first bound to a seeded constant, as a model's
+    weights are: the kernels then read them once, at compile time (oneDNN prepacks them)."""
+    rng = np.random.default_rng(seed)
+    weights = {p.name: rng.standard_normal(runner.static_shape(p.ty)).astype("float32") for p in mod["main"].params[1:]}
+    return relax.transform.BindParams("main", weights)(mod)
+
+
+def found(graph):
+    return {(c.pattern, frozenset(c.subgraph.nodes)) for c in generate(graph, [BACKEND])}
+
+
+def S(*nodes):
+    return frozenset(nodes)
+
+
+# ------------------------------------------------------------------ patterns
+
+
+def test_every_conv2d_and_pool_pattern_matches():
+    graph = DataflowGraph.from_module(with_weights_bound(ConvBlocks2d))
+    assert found(graph) == {
+        ("dnnl.conv2d", S(0)), ("dnnl.conv2d_relu", S(0, 1)),
+        ("dnnl.conv2d", S(2)), ("dnnl.conv2d_bias", S(2, 3, 4)), ("dnnl.conv2d_bias_relu", S(2, 3, 4, 5)),
+        ("dnnl.conv2d", S(6)), ("dnnl.conv2d_add", S(6, 7)), ("dnnl.conv2d_add_relu", S(6, 7, 8)),
+        ("dnnl.conv2d", S(9)), ("dnnl.conv2d_bias", S(9, 10, 11)), ("dnnl.conv2d_bias_add", S(9, 10, 11, 13)),
+        ("dnnl.conv2d_bias_add_relu", S(9, 10, 11, 13, 14)),
+        ("dnnl.max_pool2d", S(12)), ("dnnl.avg_pool2d", S(15)),
+    }  # fmt: skip
+
+
+def test_every_conv3d_pattern_matches():
+    graph = DataflowGraph.from_module(ConvBlocks3d)
+    assert found(graph) == {
+        ("dnnl.conv3d", S(0)), ("dnnl.conv3d_bias", S(0, 1)), ("dnnl.conv3d_bias_relu", S(0, 1, 2)),
+        ("dnnl.conv3d", S(3)), ("dnnl.conv3d_add", S(3, 4)), ("dnnl.conv3d_add_relu", S(3, 4, 5)),
+        ("dnnl.conv3d", S(6)), ("dnnl.conv3d_bias", S(6, 7)), ("dnnl.conv3d_bias_add", S(6, 7, 8)),
+        ("dnnl.conv3d_bias_add_relu", S(6, 7, 8, 9)), ("dnnl.conv3d", S(10)), ("dnnl.conv3d_relu", S(10, 11)),
+    }  # fmt: skip
+
+
+def test_checks_reject_what_onednn_cannot_run():
+    # NHWC, float16, lopsided padding, a bias along W, an average pool TVM divides differently:
+    # only the plain convolution at 3 is left.
+    assert found(DataflowGraph.from_module(NearMisses)) == {("dnnl.conv2d", S(3))}
+
+
+def test_declares_every_combination():
+    names = {p.name for p in BACKEND.patterns}
+    assert len(names) == 18 and {"dnnl.conv3d_bias_add_relu", "dnnl.max_pool2d", "dnnl.avg_pool2d"} <= names
+
+
+# ------------------------------------------------------------------ kernels against TVM
+
+
+@pytest.mark.parametrize("module", [ConvBlocks2d, ConvBlocks3d], ids=["2d", "3d"])
+def test_kernels_match_tvm_with_constant_weights(module):
+    graph = DataflowGraph.from_module(with_weights_bound(module))
+    assert failures(BACKEND, generate(graph, [BACKEND])) == {}
+
+
+def test_kernels_match_tvm_with_weights_as_inputs():
+    graph = DataflowGraph.from_module(ConvBlocks2d)  # unpacked weights, read on each call
+    assert failures(BACKEND, generate(graph, [BACKEND])) == {}
+
+
+def test_unsupported_is_a_reason_not_a_crash():
+    graph = DataflowGraph.from_module(NearMisses)
+    half = SubGraph(graph, S(1)).extract()
+    assert runner.check_candidate(BACKEND, half, "dnnl.conv2d") == "unsupported: dnnl.conv2d: float32 only: data is float16"
+    nhwc = SubGraph(graph, S(0)).extract()
+    assert "layouts NCHW/OIHW only, not NHWC/OHWI" in runner.check_candidate(BACKEND, nhwc, "dnnl.conv2d")
+    conv_and_row = SubGraph(graph, S(3, 4)).extract()
+    assert runner.check_candidate(BACKEND, conv_and_row, "dnnl.conv2d") == (
+        "unsupported: dnnl.conv2d does not cover this sub-graph (relax.nn.conv2d -> relax.add)"
+    )
+    assert runner.check_candidate(BACKEND, conv_and_row, "dnnl.softmax").startswith(
+        "unsupported: no pattern named 'dnnl.softmax'; known: dnnl.conv2d, "
+    )
+
+
+def test_serves_cpu_only():
+    assert BACKEND.unavailable_reason("llvm") is None  # this PyTorch build has oneDNN
+    assert BACKEND.unavailable_reason("cuda") == "does not serve target 'cuda'"
+
+
+# ------------------------------------------------------------------ zoo
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        ("squeezenet", {"dnnl.conv2d_bias_relu", "dnnl.max_pool2d"}),  # conv + reshaped bias + relu
+        ("resnet50", {"dnnl.conv2d_bias_relu", "dnnl.conv2d_bias_add_relu"}),  # BatchNorm folded
+    ],
+)
+def test_zoo_candidates_match_tvm(model, expected):
+    cands = zoo_candidates(model, BACKEND, simplified=True)
+    assert expected <= {c.pattern for c in cands}
+    assert failures(BACKEND, sample(cands, limit=30)) == {}

@@ -1,0 +1,152 @@
+"""The cudnn and cublas backends. Their patterns are matched everywhere; their kernels are
+compiled and run against TVM's default result only where PyTorch has a CUDA device, and
+skip with the backend's own reason elsewhere."""
+
+import numpy as np
+import pytest
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from collage import runner
+from collage.backend import Unsupported
+from collage.backends import cublas, cudnn, dnnl, mkl
+from collage.candidates import generate
+from collage.graph import DataflowGraph
+from collage.subgraph import SubGraph
+from tests.helpers import failures, sample, zoo_candidates
+
+
+# fmt: off
+@I.ir_module
+class ResidualBlock:
+    @R.function
+    def main(x: R.Tensor((1, 8, 8, 8), "float32"), w: R.Tensor((8, 8, 3, 3), "float32"),
+             b: R.Tensor((8,), "float32"),
+             xh: R.Tensor((1, 8, 8, 8), "float16"), wh: R.Tensor((8, 8, 3, 3), "float16")):
+        with R.dataflow():
+            c1 = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])   # 0 conv2d
+            bs = R.reshape(b, R.shape([1, 8, 1, 1]))        # 1
+            b1 = R.add(c1, bs)                             # 2 conv2d_bias
+            r1 = R.nn.relu(b1)                             # 3 conv2d_bias_relu
+            c2 = R.nn.conv2d(r1, w, padding=[1, 1, 1, 1])   # 4 conv2d
+            a2 = R.add(c2, x)                              # 5 conv2d_add
+            z2 = R.nn.relu(a2)                             # 6 conv2d_add_relu
+            half = R.nn.conv2d(xh, wh, padding=[1, 1, 1, 1])  # 7 float16: rejected
+            out = (z2, half)
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class Matmuls:
+    @R.function
+    def main(x: R.Tensor((4, 16), "float32"), w: R.Tensor((8, 16), "float32"), b: R.Tensor((8,), "float32"),
+             s: R.Tensor((6, 5, 16), "float32"), t: R.Tensor((6, 16, 5), "float32"),
+             xi: R.Tensor((4, 16), "int32"), wi: R.Tensor((16, 8), "int32")):
+        with R.dataflow():
+            wt = R.permute_dims(w, axes=[1, 0])  # 0
+            d = R.matmul(x, wt)                  # 1 dense
+            db = R.add(d, b)                     # 2 dense_bias
+            r = R.nn.relu(db)                    # 3 dense_bias_relu
+            bm = R.matmul(s, t)                  # 4 batch_matmul
+            ints = R.matmul(xi, wi)              # 5 int32: rejected
+            out = (r, bm, ints)
+            R.output(out)
+        return out
+# fmt: on
+
+
+def found(graph, backend):
+    return {(c.pattern, frozenset(c.subgraph.nodes)) for c in generate(graph, [backend])}
+
+
+def S(*nodes):
+    return frozenset(nodes)
+
+
+def require_gpu(backend):
+    reason = backend.unavailable_reason("cuda")
+    if reason is not None:
+        pytest.skip(f"{backend.name}: {reason}")
+
+
+# ------------------------------------------------------------------ patterns, everywhere
+
+
+def test_cudnn_patterns_match():
+    assert found(DataflowGraph.from_module(ResidualBlock), cudnn.BACKEND) == {
+        ("cudnn.conv2d", S(0)), ("cudnn.conv2d_bias", S(0, 1, 2)), ("cudnn.conv2d_bias_relu", S(0, 1, 2, 3)),
+        ("cudnn.conv2d", S(4)), ("cudnn.conv2d_add", S(4, 5)), ("cudnn.conv2d_add_relu", S(4, 5, 6)),
+    }  # fmt: skip
+
+
+def test_cublas_patterns_match():
+    assert found(DataflowGraph.from_module(Matmuls), cublas.BACKEND) == {
+        ("cublas.dense", S(0, 1)), ("cublas.dense_bias", S(0, 1, 2)), ("cublas.dense_bias_relu", S(0, 1, 2, 3)),
+        ("cublas.batch_matmul", S(4)),
+    }  # fmt: skip
+
+
+def without_backend(patterns):
+    return {p.name.split(".", 1)[1] for p in patterns}
+
+
+def test_gpu_libraries_share_the_cpu_libraries_patterns():
+    conv = {name for name in without_backend(dnnl.BACKEND.patterns) if name.startswith("conv")}
+    assert without_backend(cudnn.BACKEND.patterns) == conv
+    assert without_backend(cublas.BACKEND.patterns) == without_backend(mkl.BACKEND.patterns)
+
+
+def test_float32_only_is_a_clear_refusal():
+    # float16 and int32 were rejected by the checks above; asked anyway, compile says why.
+    conv16 = SubGraph(DataflowGraph.from_module(ResidualBlock), S(7)).extract()
+    with pytest.raises(Unsupported, match="^cudnn.conv2d: float32 only: data is float16$"):
+        cudnn.BACKEND.compile(conv16, "cudnn.conv2d", "cuda")
+    ints = SubGraph(DataflowGraph.from_module(Matmuls), S(5)).extract()
+    with pytest.raises(Unsupported, match="^cublas.dense: float32 only: lhs is int32$"):
+        cublas.BACKEND.compile(ints, "cublas.dense", "cuda")
+
+
+@pytest.mark.parametrize("backend", [cudnn.BACKEND, cublas.BACKEND], ids=lambda b: b.name)
+def test_missing_gpu_is_a_reason_not_a_crash(backend):
+    import torch
+
+    assert backend.unavailable_reason("llvm") == "does not serve target 'llvm'"
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    func = SubGraph(DataflowGraph.from_module(Matmuls), S(4)).extract()
+    reason = "PyTorch has no CUDA device (CPU build or no GPU)"
+    assert backend.unavailable_reason("cuda") == reason
+    assert runner.check_candidate(backend, func, f"{backend.name}.batch_matmul", "cuda") == reason
+
+
+# ------------------------------------------------------------------ kernels, on a GPU
+
+
+def with_weights_bound(mod, names, seed=0):
+    rng = np.random.default_rng(seed)
+    params = {p.name: p for p in mod["main"].params}
+    weights = {n: rng.standard_normal(runner.static_shape(params[n].ty)).astype("float32") for n in names}
+    return relax.transform.BindParams("main", weights)(mod)
+
+
+@pytest.mark.parametrize("weights", [(), ("w", "b")], ids=["inputs", "constants"])
+def test_cudnn_kernels_match_tvm(weights):
+    require_gpu(cudnn.BACKEND)
+    graph = DataflowGraph.from_module(with_weights_bound(ResidualBlock, weights))
+    assert failures(cudnn.BACKEND, generate(graph, [cudnn.BACKEND]), "cuda") == {}
+
+
+@pytest.mark.parametrize("weights", [(), ("w", "b")], ids=["inputs", "constants"])
+def test_cublas_kernels_match_tvm(weights):
+    require_gpu(cublas.BACKEND)
+    graph = DataflowGraph.from_module(with_weights_bound(Matmuls, weights))
+    assert failures(cublas.BACKEND, generate(graph, [cublas.BACKEND]), "cuda") == {}
+
+
+@pytest.mark.parametrize("backend, model", [(cudnn.BACKEND, "resnet50"), (cublas.BACKEND, "bert")], ids=["cudnn", "cublas"])
+def test_zoo_candidates_match_tvm(backend, model):
+    require_gpu(backend)
+    cands = sample(zoo_candidates(model, backend, simplified=True), limit=30)
+    assert cands and failures(backend, cands, "cuda") == {}

@@ -1,0 +1,255 @@
+"""Relax -> ONNX, operator by operator: each converter's model, run in ONNX Runtime, matches
+TVM's default pipeline on the same tiny function (``runner.mismatch`` tolerances). Every
+operator of every zoo model converts, and what does not convert says why."""
+
+import functools
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+from tvm import relax
+
+from collage import runner
+from collage.backend import Unsupported
+from collage.graph import DataflowGraph
+from collage.onnx_convert import CONVERTERS, IR_VERSION, OPSET, supports, to_onnx
+from experiments import models
+
+op = relax.op
+nn = relax.op.nn
+
+
+def t(*shape, dtype="float32"):
+    return relax.TensorType(shape, dtype)
+
+
+def function(make, *param_types) -> relax.Function:
+    """``main(p0, p1, ...) = make(p0, p1, ...)``; nested calls become their own bindings."""
+    params = [relax.Var(f"p{i}", ty) for i, ty in enumerate(param_types)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(make(*params))
+        bb.emit_func_output(out)
+    return bb.get()["main"]
+
+
+def run_onnx(func, arrays):
+    model = to_onnx(func)
+    onnx.checker.check_model(model, full_check=True)  # also ONNX's strict shape inference
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {i.name: a for i, a in zip(model.graph.input, arrays)})
+
+
+def positive(x):
+    return op.exp(x)
+
+
+X = t(2, 3, 4)
+IMG = t(1, 4, 8, 8)
+IDS = t(2, 3, dtype="int64")
+MASK = t(2, 3, 4, dtype="bool")
+
+# (case id, function). Random inputs are standard normal floats, ints in [0, 8), booleans.
+# fmt: off
+CASES = [
+    ("add", function(op.add, X, t(3, 1))),
+    ("subtract", function(op.subtract, X, t(4))),
+    ("multiply", function(op.multiply, X, X)),
+    ("divide", function(op.divide, X, t(1, 3, 1))),
+    ("power", function(lambda x, y: op.power(positive(x), y), X, t(4))),
+    ("maximum", function(op.maximum, X, t(3, 4))),
+    ("minimum", function(op.minimum, X, t(3, 4))),
+    ("equal", function(op.equal, IDS, t(3, dtype="int64"))),
+    ("not_equal", function(op.not_equal, IDS, t(3, dtype="int64"))),
+    ("less", function(op.less, IDS, t(3, dtype="int64"))),
+    ("greater", function(op.greater, IDS, t(3, dtype="int64"))),
+    ("less_equal", function(op.less_equal, IDS, t(3, dtype="int64"))),
+    ("greater_equal", function(lambda a: op.greater_equal(a, relax.const(3, "int64")), IDS)),
+    ("logical", function(lambda a, b: op.logical_not(op.logical_or(op.logical_and(a, b), b)), MASK, MASK)),
+    ("relu", function(nn.relu, X)),
+    ("sigmoid", function(op.sigmoid, X)),
+    ("tanh", function(op.tanh, X)),
+    ("exp", function(op.exp, X)),
+    ("log", function(lambda x: op.log(positive(x)), X)),
+    ("sqrt", function(lambda x: op.sqrt(positive(x)), X)),
+    ("rsqrt", function(lambda x: op.rsqrt(positive(x)), X)),
+    ("erf", function(op.erf, X)),
+    ("negative_abs", function(lambda x: op.negative(op.abs(x)), X)),
+    ("floor_ceil", function(lambda x: op.add(op.floor(x), op.ceil(x)), X)),
+    ("gelu", function(nn.gelu, X)),
+    ("gelu_tanh", function(nn.gelu_tanh, X)),
+    ("silu", function(nn.silu, X)),
+    ("clip", function(lambda x: op.clip(x, -0.5, 0.5), X)),
+    ("where", function(op.where, t(2, 1, 4, dtype="bool"), X, t(4))),
+    ("where_scalars", function(lambda c: op.where(c, relax.const(0.0), relax.const(-3e38)), MASK)),
+    ("astype_float_to_int", function(lambda x: op.astype(op.multiply(x, relax.const(3.0)), "int32"), X)),
+    ("astype_int_to_float", function(lambda a: op.astype(a, "float32"), IDS)),
+    ("matmul", function(op.matmul, t(2, 3, 4, 5), t(5, 6))),
+    ("matmul_vector", function(op.matmul, t(5), t(2, 5, 3))),
+    ("conv1d", function(lambda x, w: nn.conv1d(x, w, strides=2, padding=(1, 2)), t(1, 4, 9), t(6, 4, 3))),
+    ("conv2d", function(
+        lambda x, w: nn.conv2d(x, w, strides=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2)), IMG, t(6, 4, 3, 3))),
+    ("conv2d_grouped", function(lambda x, w: nn.conv2d(x, w, padding=1, groups=4), IMG, t(8, 1, 3, 3))),
+    ("conv3d", function(
+        lambda x, w: nn.conv3d(x, w, strides=(1, 2, 2), padding=(1, 3, 3)), t(1, 3, 4, 8, 8), t(4, 3, 3, 7, 7))),
+    ("conv1d_transpose", function(
+        lambda x, w: nn.conv1d_transpose(x, w, strides=2, padding=1, output_padding=1), t(1, 4, 5), t(4, 3, 3))),
+    ("conv2d_transpose", function(lambda x, w: nn.conv2d_transpose(x, w, strides=2, padding=1), IMG, t(4, 3, 4, 4))),
+    ("max_pool2d", function(lambda x: nn.max_pool2d(x, 3, 2, padding=1), IMG)),
+    ("max_pool2d_ceil", function(lambda x: nn.max_pool2d(x, 3, 2, ceil_mode=True), t(1, 2, 8, 8))),
+    ("max_pool2d_ceil_padded", function(lambda x: nn.max_pool2d(x, 3, 2, padding=1, ceil_mode=True), t(1, 2, 8, 8))),
+    ("avg_pool2d", function(lambda x: nn.avg_pool2d(x, 3, 1, padding=1, count_include_pad=True), IMG)),
+    ("avg_pool2d_exclude_pad", function(lambda x: nn.avg_pool2d(x, 3, 2, padding=1, count_include_pad=False), IMG)),
+    ("avg_pool2d_ceil", function(lambda x: nn.avg_pool2d(x, 3, 2, ceil_mode=True, count_include_pad=False), IMG)),
+    ("max_pool1d", function(lambda x: nn.max_pool1d(x, 3, 2, padding=1), t(1, 2, 9))),
+    ("avg_pool1d", function(lambda x: nn.avg_pool1d(x, 2, 2), t(1, 2, 8))),
+    ("max_pool3d", function(lambda x: nn.max_pool3d(x, 2, 2), t(1, 2, 4, 4, 4))),
+    ("avg_pool3d", function(lambda x: nn.avg_pool3d(x, 2, 2), t(1, 2, 4, 4, 4))),
+    ("adaptive_avg_pool2d_global", function(lambda x: nn.adaptive_avg_pool2d(x, 1), IMG)),
+    ("adaptive_avg_pool2d", function(lambda x: nn.adaptive_avg_pool2d(x, (2, 4)), IMG)),
+    ("adaptive_avg_pool1d", function(lambda x: nn.adaptive_avg_pool1d(x, 1), t(1, 2, 8))),
+    ("adaptive_avg_pool3d", function(lambda x: nn.adaptive_avg_pool3d(x, 1), t(1, 2, 2, 4, 4))),
+    ("batch_norm", function(
+        lambda x, g, b, m, v: nn.batch_norm(x, g, b, m, positive(v), axis=1, training=False), IMG, *[t(4)] * 4)),
+    ("batch_norm_item", function(
+        lambda x, g, b, m, v: relax.TupleGetItem(nn.batch_norm(x, g, b, m, positive(v), axis=1, training=False), 0),
+        IMG, *[t(4)] * 4)),
+    ("layer_norm", function(lambda x, g, b: nn.layer_norm(x, g, b, axes=-1, epsilon=1e-12), X, t(4), t(4))),
+    ("layer_norm_two_axes", function(lambda x, g, b: nn.layer_norm(x, g, b, axes=[1, 2]), X, t(3, 4), t(3, 4))),
+    ("softmax", function(lambda x: nn.softmax(x, axis=1), X)),
+    ("log_softmax", function(nn.log_softmax, X)),
+    ("sum", function(lambda x: op.sum(x, axis=[0, 2]), X)),
+    ("sum_all", function(op.sum, X)),
+    ("mean", function(lambda x: op.mean(x, axis=[-1, -2], keepdims=True), IMG)),
+    ("max", function(lambda x: op.max(x, axis=1), X)),
+    ("min", function(lambda x: op.min(x, axis=0, keepdims=True), X)),
+    ("prod", function(lambda x: op.prod(x, axis=2), X)),
+    ("reshape", function(lambda x: op.reshape(x, (4, -1)), X)),
+    ("flatten", function(op.flatten, X)),
+    ("expand_dims", function(lambda x: op.expand_dims(x, [0, -1]), X)),
+    ("squeeze", function(lambda x: op.squeeze(x, [0]), t(1, 3, 1))),
+    ("squeeze_all", function(op.squeeze, t(1, 3, 1))),
+    ("broadcast_to", function(lambda x: op.broadcast_to(x, (2, 3, 4)), t(3, 1))),
+    ("broadcast_to_bool", function(lambda m: op.broadcast_to(m, (2, 2, 3, 4)), MASK)),
+    ("permute_dims", function(lambda x: op.permute_dims(x, [2, 0, 1]), X)),
+    ("permute_dims_reverse", function(op.permute_dims, X)),
+    ("concat", function(lambda a, b, c: op.concat([a, b, c], axis=1), X, t(2, 1, 4), X)),
+    ("split_sections", function(lambda x: op.split(x, 2, axis=2), X)),
+    ("split_indices", function(lambda x: op.split(x, [1, 3], axis=-1), X)),
+    ("split_item", function(lambda x: relax.TupleGetItem(op.split(x, 3, axis=1), 2), X)),
+    ("tuple_of_values", function(lambda x, y: relax.Tuple([op.add(x, y), x, op.add(x, y)]), X, X)),
+    ("strided_slice", function(lambda x: op.strided_slice(x, [1, 2], [0, 3], [2, 0], [2, -1]), X)),
+    ("strided_slice_to_end", function(lambda x: op.strided_slice(x, [2], [1], [2**63 - 1]), X)),
+    ("take", function(lambda x, i: op.take(x, i, axis=0), t(10, 4), t(5, dtype="int32"))),
+    ("take_axis1", function(lambda x, i: op.take(x, i, axis=1), t(2, 10), t(2, 3, dtype="int64"))),
+    ("gather_elements", function(lambda x, i: op.gather_elements(x, i, axis=1), t(2, 9), IDS)),
+    ("zeros", function(lambda: op.zeros((2, 3), "float32"))),
+    ("ones", function(lambda: op.ones((2, 3), "int64"))),
+    ("zeros_like", function(op.zeros_like, X)),
+    ("ones_like", function(lambda x: op.ones_like(x, "int32"), X)),
+    ("full", function(lambda: op.full((2, 3), relax.const(1.5), "float32"))),
+    ("full_cast", function(lambda: op.full((), relax.const(7, "int64"), "float32"))),
+    ("full_like", function(lambda x, v: op.full_like(x, v), X, t())),
+    ("arange", function(lambda: op.arange(0, 16, 3, "int64"))),
+    ("arange_float", function(lambda: op.arange(0.5, 4.0, 0.25, "float32"))),
+    ("constant_binding", function(lambda x: op.add(x, relax.const(np.arange(4, dtype="float32"))), X)),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("func", [f for _, f in CASES], ids=[name for name, _ in CASES])
+def test_operator_matches_tvm(func):
+    arrays = runner.random_inputs(func)
+    assert runner.mismatch(run_onnx(func, arrays), runner.run_reference(func, arrays)) is None
+
+
+def test_every_converter_is_tested():
+    tested = {node.op for _, func in CASES for node in DataflowGraph(func)}
+    assert set(CONVERTERS) - tested == set()
+
+
+def test_model_format():
+    model = to_onnx(function(lambda x, y: relax.Tuple([x, op.add(x, y)]), X, t(4)))
+    assert model.ir_version == IR_VERSION == 10
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", OPSET)] == [("", 17)]
+    assert [i.name for i in model.graph.input] == ["p0", "p1"]
+    assert [o.name for o in model.graph.output] == ["out0", "out1"]
+
+
+def test_constants_become_initializers():
+    weight = np.arange(12, dtype="float32").reshape(3, 4)
+    model = to_onnx(function(lambda x: op.matmul(x, relax.const(weight)), t(2, 3)))
+    assert [i.name for i in model.graph.input] == ["p0"]
+    (initializer,) = model.graph.initializer
+    np.testing.assert_array_equal(numpy_helper.to_array(initializer), weight)
+
+
+# ------------------------------------------------------------------ what does not convert
+
+
+def only_node(func):
+    graph = DataflowGraph(func)
+    return graph, graph[0]
+
+
+def test_unknown_operator_is_named():
+    func = function(lambda x: op.cumsum(x, axis=1), X)
+    assert supports(*only_node(func)) == "operator relax.cumsum has no ONNX conversion"
+    with pytest.raises(Unsupported, match="relax.cumsum"):
+        to_onnx(func)
+
+
+def test_unsupported_dtype_is_named():
+    func = function(nn.relu, t(2, 3, dtype="bfloat16"))
+    assert supports(*only_node(func)).startswith("dtype bfloat16 is not supported")
+    with pytest.raises(Unsupported, match="bfloat16"):
+        to_onnx(func)
+
+
+@pytest.mark.parametrize(
+    "make, types, reason",
+    [
+        (lambda x, w: nn.conv2d(x, w, data_layout="NHWC", kernel_layout="HWIO"), (t(1, 8, 8, 4), t(3, 3, 4, 6)),
+         "relax.nn.conv2d: layout NHWC is not supported"),
+        (lambda x, i: op.take(x, i, axis=0, mode="clip"), (t(10, 4), t(5, dtype="int32")),
+         "relax.take: mode 'clip' is not supported"),
+        (lambda x: nn.adaptive_avg_pool2d(x, 3), (IMG,),
+         "relax.nn.adaptive_avg_pool2d: output size (3, 3) from (8, 8)"),
+        (lambda x, g, b, m, v: nn.batch_norm(x, g, b, m, v, axis=1), (IMG, *[t(4)] * 4),
+         "relax.nn.batch_norm: training mode is not supported"),
+        (lambda x, g, b: nn.layer_norm(x, g, b, axes=-1, center=False), (X, t(4), t(4)),
+         "relax.nn.layer_norm: center=False or scale=False is not supported"),
+    ],
+    ids=["conv2d_nhwc", "take_clip", "adaptive_pool_uneven", "batch_norm_training", "layer_norm_without_beta"],
+)  # fmt: skip
+def test_unsupported_attribute_is_named(make, types, reason):
+    assert supports(*only_node(function(make, *types))).startswith(reason)
+
+
+# ------------------------------------------------------------------ the zoo
+
+
+@functools.lru_cache(maxsize=None)
+def zoo_module(name):
+    return models.load(name, small=True).relax
+
+
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_every_zoo_operator_converts(name):
+    mod = zoo_module(name)
+    # FoldConstant stands in for the simplification before placement: it leaves constant
+    # bindings, pre-transposed weights and the like that the raw import has not.
+    for variant in (mod, relax.transform.FoldConstant()(mod)):
+        graph = DataflowGraph.from_module(variant)
+        reasons = {node.op: supports(graph, node) for node in graph}
+        assert {op_name: why for op_name, why in reasons.items() if why is not None} == {}
+
+
+@pytest.mark.parametrize("name", ["mlp", "squeezenet", "dcgan"])
+def test_whole_zoo_model_matches_tvm(name):
+    func = zoo_module(name)["main"]
+    arrays = runner.random_inputs(func)
+    assert runner.mismatch(run_onnx(func, arrays), runner.run_reference(func, arrays)) is None
