@@ -1,0 +1,18 @@
+"""Every CPU backend's candidates on the smaller zoo models compile and match TVM.
+
+The large models (ResNet-50, BERT-base, ...) go through the same check as a script:
+``python -m experiments.check_candidates --model resnet50 bert``.
+"""
+
+import pytest
+
+from experiments.check_candidates import check_model
+
+
+@pytest.mark.parametrize("model", ["mlp", "dcgan", "squeezenet"])
+def test_every_cpu_candidate_compiles_and_matches(model):
+    report = check_model(model, small=True)
+    assert report["uncovered_by_tvm"] == []
+    assert {"tvm", "dnnl", "mkl", "onnxruntime", "openvino"} <= set(report["backends"])
+    assert report["backends"]["tvm"]["candidates"] > 0
+    assert {name: entry["failed"] for name, entry in report["backends"].items() if entry["failed"]} == {}
