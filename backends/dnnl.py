@@ -9,6 +9,10 @@ channels-last: PyTorch reorders the NCHW input for it and returns a new tensor (
 the add itself (``add``/``_add_relu`` with ``out=``). oneDNN fuses the residual add only
 into channels-last buffers, and TVM's are NCHW.
 
+Dense layers (``x @ W.T + b``, then ReLU) run oneDNN's inner-product primitive through
+``mkldnn._linear_pointwise``, bias and ReLU fused as post-ops; its result is copied into the
+caller's buffer (the op has no ``out=``).
+
 Pooling (2-D max and average): PyTorch pools dense CPU tensors with ATen's own kernels, so
 these convert to oneDNN tensors (``to_mkldnn``), pool with oneDNN's primitive and convert
 back (``to_dense``, then ``copy_``): three copies, measured like any candidate.
@@ -40,6 +44,7 @@ PATTERNS = {
     p.name: p
     for p in (
         *kernels.conv_patterns("dnnl", dims=(2, 3)),
+        *(p for p in kernels.matmul_patterns("dnnl") if p.name != "dnnl.batch_matmul"),
         Pattern("dnnl.max_pool2d", *kernels.pool2d("relax.nn.max_pool2d"), check=kernels.POOL_CHECK),
         Pattern("dnnl.avg_pool2d", *kernels.pool2d("relax.nn.avg_pool2d"),
                 check=Check((*kernels.POOL_CHECK.rules, avg_pool_rule))),
@@ -49,7 +54,9 @@ PATTERNS = {
 
 def compile(func, pattern: str, target: str):
     match = kernels.compile_match(func, PATTERNS, pattern)
-    return conv_kernel(func, match) if "conv" in match.captures else pool_kernel(func, match)
+    if "conv" in match.captures:
+        return conv_kernel(func, match)
+    return dense_kernel(func, match) if "matmul" in match.captures else pool_kernel(func, match)
 
 
 def conv_kernel(func, match):
@@ -80,6 +87,27 @@ def conv_kernel(func, match):
             torch.ops.aten._add_relu(conv, residual(inputs), out=out)
         else:
             torch.add(conv, residual(inputs), out=out)
+
+    return kernel
+
+
+def dense_kernel(func, match):
+    import torch
+
+    # oneDNN's inner product takes the weight as [out, in], what permute_dims undid.
+    as_out_in = (lambda w: w) if "transpose" in match.captures else (lambda w: w.t().contiguous())
+    data = kernels.reader(func, match, "lhs", torch.from_dlpack)
+    weight = kernels.reader(func, match, "rhs", lambda t: as_out_in(torch.from_dlpack(t)))
+    bias = kernels.reader(func, match, "bias", lambda t: torch.from_dlpack(t).reshape(-1))
+    post_op = "relu" if "relu" in match.captures else "none"
+
+    def kernel(*tensors):
+        inputs, out = tensors[:-1], torch.from_dlpack(tensors[-1])
+        x = data(inputs)
+        rows = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(-1, x.shape[-1]), weight(inputs), bias(inputs) if bias else None, post_op, [], ""
+        )
+        out.view(-1, out.shape[-1]).copy_(rows)
 
     return kernel
 

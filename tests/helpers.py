@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+from tvm import relax
+
 from collage import runner
 from collage.candidates import generate
 from collage.graph import DataflowGraph
@@ -16,6 +19,16 @@ def zoo_graph(name: str, simplified: bool = False) -> DataflowGraph:
     """A zoo model at its test size, as a graph (after ``collage.simplify`` if asked)."""
     mod = models.load(name, small=True).relax
     return DataflowGraph.from_module(simplify(mod) if simplified else mod)
+
+
+def with_weights_bound(mod, names=None, seed: int = 0):
+    """``mod`` with the parameters ``names`` (default: all but the first) bound to seeded
+    constants, as a model's weights are; kernels then read them once, at compile time."""
+    rng = np.random.default_rng(seed)
+    params = {p.name: p for p in mod["main"].params}
+    names = list(params)[1:] if names is None else names
+    weights = {n: rng.standard_normal(runner.static_shape(params[n].ty)).astype("float32") for n in names}
+    return relax.transform.BindParams("main", weights)(mod)
 
 
 def zoo_candidates(name: str, backend, simplified: bool = False):

@@ -1,18 +1,17 @@
 """The dnnl backend: each pattern matches where it should, its checks reject what oneDNN
 cannot run, and every kernel agrees with TVM's default result for the same sub-graph."""
 
-import numpy as np
 import pytest
-from tvm import relax
+from collage.backends import dnnl
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 from collage import runner
-from collage.backends import dnnl
 from collage.candidates import generate
 from collage.graph import DataflowGraph
 from collage.subgraph import SubGraph
-from tests.helpers import failures, sample, zoo_candidates
+from tests.helpers import failures, sample, with_weights_bound, zoo_candidates
+from tests.test_backend_mkl import Matmuls
 
 BACKEND = dnnl.BACKEND
 
@@ -88,14 +87,6 @@ class NearMisses:  # one thing oneDNN (through PyTorch) cannot do per operator
 # fmt: on
 
 
-def with_weights_bound(mod, seed=0):
-    """``mod`` with every parameter but the first bound to a seeded constant, as a model's
-    weights are: the kernels then read them once, at compile time (oneDNN prepacks them)."""
-    rng = np.random.default_rng(seed)
-    weights = {p.name: rng.standard_normal(runner.static_shape(p.ty)).astype("float32") for p in mod["main"].params[1:]}
-    return relax.transform.BindParams("main", weights)(mod)
-
-
 def found(graph):
     return {(c.pattern, frozenset(c.subgraph.nodes)) for c in generate(graph, [BACKEND])}
 
@@ -137,7 +128,7 @@ def test_checks_reject_what_onednn_cannot_run():
 
 def test_declares_every_combination():
     names = {p.name for p in BACKEND.patterns}
-    assert len(names) == 18 and {"dnnl.conv3d_bias_add_relu", "dnnl.max_pool2d", "dnnl.avg_pool2d"} <= names
+    assert len(names) == 21 and {"dnnl.conv3d_bias_add_relu", "dnnl.max_pool2d", "dnnl.avg_pool2d"} <= names
 
 
 # ------------------------------------------------------------------ kernels against TVM
@@ -152,6 +143,15 @@ def test_kernels_match_tvm_with_constant_weights(module):
 def test_kernels_match_tvm_with_weights_as_inputs():
     graph = DataflowGraph.from_module(ConvBlocks2d)  # unpacked weights, read on each call
     assert failures(BACKEND, generate(graph, [BACKEND])) == {}
+
+
+@pytest.mark.parametrize("weights", [(), ("w", "b", "v", "c")], ids=["inputs", "constants"])
+def test_dense_kernels_match_tvm(weights):
+    graph = DataflowGraph.from_module(with_weights_bound(Matmuls, weights))
+    dense = [c for c in generate(graph, [BACKEND]) if "dense" in c.pattern]
+    # Weights transposed (w) or not (v); bias first or last; leading dimensions folded.
+    assert {c.pattern for c in dense} == {"dnnl.dense", "dnnl.dense_bias", "dnnl.dense_bias_relu"}
+    assert failures(BACKEND, dense) == {}
 
 
 def test_unsupported_is_a_reason_not_a_crash():

@@ -2,19 +2,17 @@
 compiled and run against TVM's default result only where PyTorch has a CUDA device, and
 skip with the backend's own reason elsewhere."""
 
-import numpy as np
 import pytest
-from tvm import relax
+from collage.backends import cublas, cudnn, dnnl, mkl
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 from collage import runner
 from collage.backend import Unsupported
-from collage.backends import cublas, cudnn, dnnl, mkl
 from collage.candidates import generate
 from collage.graph import DataflowGraph
 from collage.subgraph import SubGraph
-from tests.helpers import failures, sample, zoo_candidates
+from tests.helpers import failures, sample, with_weights_bound, zoo_candidates
 
 
 # fmt: off
@@ -122,13 +120,6 @@ def test_missing_gpu_is_a_reason_not_a_crash(backend):
 
 
 # ------------------------------------------------------------------ kernels, on a GPU
-
-
-def with_weights_bound(mod, names, seed=0):
-    rng = np.random.default_rng(seed)
-    params = {p.name: p for p in mod["main"].params}
-    weights = {n: rng.standard_normal(runner.static_shape(params[n].ty)).astype("float32") for n in names}
-    return relax.transform.BindParams("main", weights)(mod)
 
 
 @pytest.mark.parametrize("weights", [(), ("w", "b")], ids=["inputs", "constants"])

@@ -1,18 +1,16 @@
 """The mkl backend: each pattern matches where it should, its checks reject what MKL's GEMM
 cannot run, and every kernel agrees with TVM's default result for the same sub-graph."""
 
-import numpy as np
 import pytest
-from tvm import relax
+from collage.backends import mkl
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 from collage import runner
-from collage.backends import mkl
 from collage.candidates import generate
 from collage.graph import DataflowGraph
 from collage.subgraph import SubGraph
-from tests.helpers import failures, sample, zoo_candidates
+from tests.helpers import failures, sample, with_weights_bound, zoo_candidates
 
 BACKEND = mkl.BACKEND
 
@@ -63,14 +61,6 @@ class NearMisses:  # one thing MKL's float32 GEMM cannot do per matmul
             R.output(out)
         return out
 # fmt: on
-
-
-def with_weights_bound(mod, names, seed=0):
-    """``mod`` with the parameters ``names`` bound to seeded constants, as a model's weights are."""
-    rng = np.random.default_rng(seed)
-    params = {p.name: p for p in mod["main"].params}
-    weights = {n: rng.standard_normal(runner.static_shape(params[n].ty)).astype("float32") for n in names}
-    return relax.transform.BindParams("main", weights)(mod)
 
 
 def found(graph):

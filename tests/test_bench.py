@@ -1,0 +1,88 @@
+"""The peer-baseline bench on the small MLP: every peer runs and agrees with torch, results land
+in the JSON file and the chart, and a peer that fails is recorded without stopping the others."""
+
+import json
+
+from experiments import bench, peers
+
+# Warm-up of exactly two calls, so that a test peer can count on when the timed calls begin.
+QUICK = bench.Settings(threads=2, budget_s=2.0, min_reps=3, max_reps=10, warmup_s=0.0)
+
+
+def run_mlp(tmp_path, peer_fns):
+    out, png = tmp_path / "peers.json", tmp_path / "peers.png"
+    entries, table = bench.run(["mlp"], peer_fns, QUICK, small=True, out=out, plot=png)
+    return entries["mlp"]["peers"], table, out, png
+
+
+def test_every_peer_runs_the_mlp(tmp_path):
+    records, table, out, png = run_mlp(tmp_path, peers.PEERS)
+
+    assert list(records) == list(peers.PEERS)
+    for name, record in records.items():
+        assert record["error"] is None, name
+        assert record["median_ms"] > 0, name
+        assert QUICK.min_reps <= record["samples"] <= QUICK.max_reps, name
+        assert record["max_rel_err"] < 1e-4, name
+        assert name in table
+    assert json.loads(out.read_text())["mlp"]["peers"] == records
+    assert png.stat().st_size > 0
+
+
+def raises_after_preparing(prepare_fn):
+    """A real peer that, once compiled, fails the way an unsupported model would."""
+
+    def prepare(w, threads):
+        prepare_fn(w, threads)
+        raise RuntimeError("operator not supported: aten::frobnicate")
+
+    return prepare
+
+
+def breaks_while_timed(prepare_fn, calls_before_failing):
+    """A real peer whose runner stops working after some calls (two warm-up calls and one
+    settle call for a fast peer under QUICK, so the first timed call fails)."""
+
+    def prepare(w, threads):
+        runner = prepare_fn(w, threads)
+        calls = 0
+
+        def run():
+            nonlocal calls
+            calls += 1
+            if calls > calls_before_failing:
+                raise RuntimeError("device lost")
+            return runner.run()
+
+        return peers.Runner(run, runner.to_numpy)
+
+    return prepare
+
+
+def test_failing_peers_are_recorded_and_the_others_measured(tmp_path):
+    peer_fns = {
+        "torch": peers.prepare_torch,
+        "unsupported": raises_after_preparing(peers.prepare_onnxruntime),
+        "flaky": breaks_while_timed(peers.prepare_torch, QUICK.warmup_calls + 1),
+    }
+    records, table, out, png = run_mlp(tmp_path, peer_fns)
+
+    assert records["torch"]["error"] is None and records["torch"]["median_ms"] > 0
+    assert records["unsupported"]["error"] == (
+        "prepare: RuntimeError: operator not supported: aten::frobnicate"
+    )
+    assert records["flaky"]["error"] == "run: RuntimeError: device lost"
+    assert records["unsupported"]["median_ms"] is None and records["flaky"]["median_ms"] is None
+    assert "aten::frobnicate" in table and "device lost" in table
+    assert out.exists() and png.exists()
+
+
+def test_a_second_run_adds_peers_to_the_models_entry(tmp_path):
+    run_mlp(tmp_path, {"torch": peers.prepare_torch})
+    _, _, out, _ = run_mlp(tmp_path, {"onnxruntime": peers.prepare_onnxruntime})
+
+    assert list(json.loads(out.read_text())["mlp"]["peers"]) == ["torch", "onnxruntime"]
+
+
+def test_small_results_have_files_of_their_own():
+    assert bench.default_results_path(small=True) != bench.default_results_path(small=False)
