@@ -1,0 +1,427 @@
+"""Peer baselines: the latency of each whole model on each framework alone.
+
+    python -m experiments.bench --model resnet50 bert squeezenet [--threads 2] [--peers ...]
+                                [--small] [--budget 60] [--out ...json] [--plot ...png]
+
+For each model: export it once (ONNX, Relax), prepare every peer (see ``experiments.peers``),
+check its output against torch's, warm it up, then time the peers in rounds. Each round runs
+every remaining peer once, starting one peer further along each time, so that drift in the
+machine (other processes, clock speed) hits all peers alike. A peer leaves the rounds after
+``max_reps`` samples, or after ``min_reps`` once it has used its share of ``budget`` seconds.
+
+The results go to a JSON file keyed by model (running one model updates only that model's
+entry, so models can be run separately), to a table on the terminal and to a bar chart
+regenerated from the whole JSON file. ``--small`` results go to files of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+# torch's OpenMP threads wait for work by sleeping, not spinning. On a machine shared with
+# other work, a spinning thread holds the core that the thread it waits for needs: here, with
+# one of two cores busy elsewhere, torch eager took 922 ms on SqueezeNet instead of 17 ms.
+# OpenMP reads this once, when torch is imported; OMP_WAIT_POLICY=ACTIVE in the shell wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+
+from experiments import models  # noqa: E402
+from experiments.peers import PEERS, PrepareFn, Runner, pin_threads  # noqa: E402
+from experiments.plot import format_ms, peer_names, plot_latency  # noqa: E402
+
+RESULTS_DIR = Path(__file__).parent / "results"
+MAX_REL_ERR = 1e-3  # outputs further than this from torch's are flagged in the table
+BUSY_MACHINE_CORES = 0.25  # other processes using more than this while timing get a warning
+EXPORTS = ("onnx", "relax")  # the Workload forms the peers compile from, besides torch
+VERSIONED_PACKAGES = ("torch", "apache-tvm", "onnxruntime", "openvino", "onnx", "numpy")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How each model is measured."""
+
+    threads: int = 2
+    budget_s: float = 60.0  # time for the rounds of one model, shared by its peers
+    min_reps: int = 3  # a multi-second peer stops here once its share of the budget is spent
+    max_reps: int = 30
+    warmup_calls: int = 2  # warm-up lasts at least this many calls and this many seconds
+    warmup_s: float = 0.5
+    # Before each timed call, a peer whose calls take under settle_below_s makes untimed calls
+    # for settle_s: the peer before it in the round leaves threads spinning for milliseconds
+    # and caches full of its own data, which would otherwise be charged to this peer. Next to
+    # a call of a second or more, that cost is lost in the noise.
+    settle_s: float = 0.05
+    settle_below_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A peer ready for the rounds, with what was learned while preparing it."""
+
+    runner: Runner
+    prepare_s: float
+    max_rel_err: float
+    settle_s: float  # untimed calls before each timed one, see Settings
+
+
+def default_results_path(small: bool) -> Path:
+    """Small-input results never share a file with full-size ones."""
+    return RESULTS_DIR / ("peers-small.json" if small else "peers.json")
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one short line for the table and the JSON file."""
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def max_relative_error(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    """max |out - ref| / max |ref|, over all outputs."""
+    if len(outputs) != len(reference):
+        raise ValueError(f"{len(outputs)} outputs, expected {len(reference)}")
+    errors = []
+    for out, ref in zip(outputs, reference):
+        out = np.asarray(out, dtype=np.float64).reshape(ref.shape)
+        ref = ref.astype(np.float64)
+        errors.append(np.abs(out - ref).max() / max(np.abs(ref).max(), np.finfo(np.float64).tiny))
+    return float(max(errors))
+
+
+def prepare(prepare_fn: PrepareFn, w: models.Workload, reference, settings: Settings) -> Prepared:
+    """Compile one peer, check its first output, and warm it up."""
+    start = time.perf_counter()
+    runner = prepare_fn(w, settings.threads)
+    prepare_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    error = max_relative_error(runner.to_numpy(runner.run()), reference)
+    calls, last_call_s = 1, time.perf_counter() - start
+    while calls < settings.warmup_calls or time.perf_counter() - start < settings.warmup_s:
+        call_start = time.perf_counter()
+        runner.run()
+        calls, last_call_s = calls + 1, time.perf_counter() - call_start
+    settle_s = settings.settle_s if last_call_s < settings.settle_below_s else 0.0
+    return Prepared(runner, prepare_s, error, settle_s)
+
+
+def timed_call(peer: Prepared) -> float:
+    """Seconds for one inference, after the peer's settle calls."""
+    settle_end = time.perf_counter() + peer.settle_s
+    while time.perf_counter() < settle_end:
+        peer.runner.run()
+    start = time.perf_counter()
+    peer.runner.run()
+    return time.perf_counter() - start
+
+
+def time_in_rounds(
+    peers: dict[str, Prepared], settings: Settings
+) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Samples (seconds) per peer, and the errors of peers that broke while being timed."""
+    share_s = settings.budget_s / max(len(peers), 1)
+    samples = {name: [] for name in peers}
+    spent_s = dict.fromkeys(peers, 0.0)  # wall time in the rounds, settle calls included
+    errors: dict[str, str] = {}
+
+    def done(name):
+        n = len(samples[name])
+        return n >= settings.max_reps or (n >= settings.min_reps and spent_s[name] >= share_s)
+
+    active, round_no = list(peers), 0
+    while active:
+        first = round_no % len(active)
+        for name in active[first:] + active[:first]:
+            start = time.perf_counter()
+            try:
+                samples[name].append(timed_call(peers[name]))
+            except Exception as error:  # a peer that breaks mid-way must not stop the others
+                errors[name] = f"run: {one_line(error)}"
+            spent_s[name] += time.perf_counter() - start
+        active = [name for name in active if name not in errors and not done(name)]
+        round_no += 1
+    return samples, errors
+
+
+def summarize(samples_s: list[float]) -> dict:
+    """Median, quartiles, relative spread ((p75 - p25) / median) and minimum of the samples,
+    in ms. The minimum is the best case: on a machine shared with other work it is the
+    closest estimate of the uncontended latency."""
+    ms = [s * 1e3 for s in samples_s]
+    median = statistics.median(ms)
+    p25, _, p75 = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else ms * 3
+    return {
+        "median_ms": median,
+        "p25_ms": p25,
+        "p75_ms": p75,
+        "spread": (p75 - p25) / median,
+        "min_ms": min(ms),
+        "samples": len(ms),
+        "times_ms": [round(t, 4) for t in ms],
+    }
+
+
+def failed_record(error: str) -> dict:
+    return {"median_ms": None, "prepare_s": None, "max_rel_err": None, "error": error}
+
+
+def export_forms(w: models.Workload) -> dict[str, float]:
+    """Build the ONNX and Relax forms once, so that no peer's preparation time includes an
+    export another peer shares. A failed export is left to fail again, and be recorded, in
+    the peers that need it."""
+    seconds = {}
+    for form in EXPORTS:
+        start = time.perf_counter()
+        try:
+            getattr(w, form)
+        except Exception:
+            continue
+        seconds[form] = round(time.perf_counter() - start, 2)
+    return seconds
+
+
+def measure_model(
+    name: str, peers: dict[str, PrepareFn], settings: Settings, small: bool = False
+) -> dict:
+    """The results entry of one model: its peers' records plus what they ran on."""
+    w = models.load(name, small=small)
+    entry = {
+        "description": w.spec.description,
+        "input_shapes": [list(t.shape) for t in w.inputs],
+        "small": small,
+        "meta": metadata(settings),
+        "export_s": export_forms(w),
+    }
+    reference = w.reference()
+
+    prepared, records = {}, {}
+    for peer, prepare_fn in peers.items():
+        print(f"  {name}: preparing {peer}", flush=True)
+        try:
+            prepared[peer] = prepare(prepare_fn, w, reference, settings)
+        except Exception as error:
+            records[peer] = failed_record(f"prepare: {one_line(error)}")
+
+    print(f"  {name}: timing {', '.join(prepared)}", flush=True)
+    before = cpu_seconds()
+    samples, run_errors = time_in_rounds(prepared, settings)
+    entry["meta"]["busy_cores_by_others"] = busy_cores_by_others(before, cpu_seconds())
+    for peer, p in prepared.items():
+        common = {"prepare_s": round(p.prepare_s, 2), "max_rel_err": p.max_rel_err}
+        if peer in run_errors:
+            records[peer] = {**failed_record(run_errors[peer]), **common}
+        else:
+            records[peer] = {**summarize(samples[peer]), **common, "error": None}
+    entry["peers"] = {peer: records[peer] for peer in peers}  # registry order
+    return entry
+
+
+def metadata(settings: Settings) -> dict:
+    """What a measurement ran on and how it was made."""
+    versions = {}
+    for package in VERSIONED_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        **asdict(settings),
+        "python": platform.python_version(),
+        "versions": versions,
+    }
+
+
+def cpu_seconds() -> tuple[float, float, float] | None:
+    """(wall clock, CPU seconds the whole machine has been busy, CPU seconds of this process),
+    or None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
+    except OSError:
+        return None
+    busy_s = (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    return time.perf_counter(), busy_s, time.process_time()
+
+
+def busy_cores_by_others(before, after) -> float | None:
+    """How many cores other processes kept busy on average between two ``cpu_seconds()``:
+    the timings are only as trustworthy as this is close to zero."""
+    if before is None or after is None:
+        return None
+    wall_s, machine_s, own_s = (b - a for a, b in zip(before, after))
+    return round(max(machine_s - own_s, 0.0) / wall_s, 2)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# --------------------------------------------------------------------------- results file
+
+
+def update_results(path: Path, entries: dict[str, dict]) -> dict:
+    """Merge new model entries into the JSON file and return its whole content. Peers measured
+    now replace their old records; other peers of the same model stay, unless the thread
+    count changed, in which case the old entry is dropped as not comparable."""
+    results = json.loads(path.read_text()) if path.exists() else {}
+    for name, entry in entries.items():
+        old = results.get(name)
+        if old and old["meta"]["threads"] == entry["meta"]["threads"]:
+            entry = {**entry, "peers": {**old["peers"], **entry["peers"]}}
+        results[name] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")  # never leave a half-written file behind
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    tmp.replace(path)
+    return results
+
+
+# --------------------------------------------------------------------------- table
+
+
+def format_table(results: dict[str, dict]) -> str:
+    """One row per model, one column per peer. The fastest correct peer of a row gets a '*',
+    a peer whose outputs are off by more than MAX_REL_ERR a '!'; failures are explained below."""
+    columns = peer_names(results)
+    header = ["model"] + columns
+    rows, notes = [], []
+    for name, entry in results.items():
+        records = entry["peers"]
+        correct = {
+            peer: r["median_ms"]
+            for peer, r in records.items()
+            if r["error"] is None and r["max_rel_err"] <= MAX_REL_ERR
+        }
+        best = min(correct, key=correct.get) if correct else None
+        row = [name]
+        for peer in columns:
+            r = records.get(peer)
+            if r is None:
+                row.append("-")
+            elif r["error"] is not None:
+                row.append("failed")
+                notes.append(f"  {name} / {peer} failed: {r['error']}")
+            else:
+                mark = "*" if peer == best else "!" if peer not in correct else " "
+                median = format_ms(r["median_ms"])
+                row.append(f"{median}{mark} ±{r['spread']:.0%} n={r['samples']}")
+                if peer not in correct:
+                    notes.append(f"  {name} / {peer}: max relative error {r['max_rel_err']:.1e}")
+        rows.append(row)
+        busy = entry["meta"].get("busy_cores_by_others")
+        if busy is not None and busy > BUSY_MACHINE_CORES:
+            notes.append(f"  {name}: other processes kept {busy:.1f} cores busy during its timing")
+
+    widths = [max(len(line[i]) for line in [header] + rows) for i in range(len(header))]
+
+    def line(cells):  # model names to the left, numbers to the right
+        numbers = [c.rjust(w) for c, w in zip(cells[1:], widths[1:])]
+        return "  ".join([cells[0].ljust(widths[0])] + numbers)
+
+    threads = sorted({entry["meta"]["threads"] for entry in results.values()})
+    title = (
+        f"Latency in ms, median ±(p75-p25)/median, n samples; {'/'.join(map(str, threads))} "
+        f"threads; * fastest, ! error above {MAX_REL_ERR:g}"
+    )
+    out = [title, line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    return "\n".join(out + notes)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def run(
+    model_names: list[str],
+    peers: dict[str, PrepareFn] = PEERS,
+    settings: Settings = Settings(),
+    small: bool = False,
+    out: Path | None = None,
+    plot: Path | None = None,
+) -> tuple[dict, str]:
+    """Measure the models, update the JSON file, redraw the chart. Returns this run's entries
+    and their table. Thread counts are pinned first, before anything imports TVM, ONNX Runtime
+    or OpenVINO (TVM ignores the pin in a process that has imported it already)."""
+    pin_threads(settings.threads)
+    out = Path(out or default_results_path(small))
+    plot = Path(plot or out.with_suffix(".png"))
+    entries = {}
+    for name in model_names:
+        entries[name] = measure_model(name, peers, settings, small)
+        update_results(out, {name: entries[name]})  # keep finished models if a later one dies
+    plot_latency(out, plot)
+    return entries, format_table(entries)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model", nargs="+", required=True, choices=[*models.MODELS, "all"], metavar="NAME",
+        help=f"models to run, or 'all': {', '.join(models.MODELS)}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--peers", nargs="+", default=list(PEERS), choices=list(PEERS), metavar="PEER",
+        help=f"peers to time (default: all): {', '.join(PEERS)}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--threads", type=int, default=Settings.threads, help="threads for every peer"
+    )
+    parser.add_argument("--small", action="store_true", help="the reduced inputs of the test suite")
+    parser.add_argument(
+        "--budget", type=float, default=Settings.budget_s, help="seconds of timing rounds per model"
+    )
+    parser.add_argument(
+        "--min-reps", type=int, default=Settings.min_reps,
+        help="samples every peer gets, even past its share of the budget",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-reps", type=int, default=Settings.max_reps, help="samples after which a peer stops"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="results JSON (default: experiments/results/peers.json, or "
+        "peers-small.json with --small)",
+    )  # fmt: skip
+    parser.add_argument("--plot", type=Path, help="bar chart PNG (default: the JSON's, as .png)")
+    args = parser.parse_args(argv)
+    if not 1 <= args.min_reps <= args.max_reps:
+        parser.error("need 1 <= --min-reps <= --max-reps")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    names = list(models.MODELS) if "all" in args.model else args.model
+    settings = Settings(args.threads, args.budget, args.min_reps, args.max_reps)
+    peers = {name: PEERS[name] for name in PEERS if name in args.peers}
+    start = time.perf_counter()
+    _, table = run(names, peers, settings, args.small, args.out, args.plot)
+    print()
+    print(table)
+    print(f"\n{time.perf_counter() - start:.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()

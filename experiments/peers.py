@@ -1,0 +1,149 @@
+"""The peers: each whole model run by one framework alone, the baselines Collage must beat.
+
+A peer is one function ``prepare(workload, threads) -> Runner`` that compiles the model for
+its framework and converts the inputs once, so that ``runner.run()`` does one inference and
+nothing else. ``PEERS`` lists them in the order the tables and charts show them; a new
+baseline (Collage itself, later) is one more entry.
+
+The frameworks are imported inside the prepare functions, not at the top of this module,
+because TVM reads its thread count from the environment when it loads: ``pin_threads`` must
+run first.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from experiments.models import Workload
+
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")
+
+
+def pin_threads(n: int) -> None:
+    """Give every framework the same ``n`` threads. The environment variables reach libraries
+    loaded later (call this before TVM is imported) and child processes; torch, loaded already,
+    is set directly, and ONNX Runtime and OpenVINO also get ``n`` in their session options."""
+    for var in THREAD_ENV_VARS:
+        os.environ[var] = str(n)
+    torch.set_num_threads(n)
+
+
+@dataclass(frozen=True)
+class Runner:
+    """A prepared peer. ``run()`` does one inference on inputs converted beforehand and returns
+    the framework's own output object; ``to_numpy(output)`` turns that into a list of arrays
+    (outside the timed call) for the comparison with ``Workload.reference()``."""
+
+    run: Callable[[], Any]
+    to_numpy: Callable[[Any], list[np.ndarray]]
+
+
+def prepare_torch(w: Workload, threads: int) -> Runner:
+    """PyTorch eager mode."""
+    net, inputs = w.torch, w.inputs
+
+    def run():
+        with torch.inference_mode():
+            return net(*inputs)
+
+    return Runner(run, _torch_outputs)
+
+
+def prepare_torch_compile(w: Workload, threads: int) -> Runner:
+    """``torch.compile`` with the inductor backend. Inductor compiles on the first call, so that
+    call is made here, where it counts as preparation time."""
+    torch._dynamo.reset()  # compiled graphs of an earlier model only take memory
+    net, inputs = torch.compile(w.torch, backend="inductor"), w.inputs
+
+    def run():
+        with torch.inference_mode():
+            return net(*inputs)
+
+    run()
+    return Runner(run, _torch_outputs)
+
+
+def _torch_outputs(out) -> list[np.ndarray]:
+    return [t.numpy() for t in (out if isinstance(out, (tuple, list)) else (out,))]
+
+
+def prepare_onnxruntime(w: Workload, threads: int) -> Runner:
+    """ONNX Runtime's CPU execution provider with all graph optimizations."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(
+        w.onnx.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    # OrtValues wrap the arrays once; session.run would convert a numpy feed on every call.
+    feed = {
+        i.name: ort.OrtValue.ortvalue_from_numpy(t.numpy())
+        for i, t in zip(session.get_inputs(), w.inputs)
+    }
+    output_names = [o.name for o in session.get_outputs()]
+    return Runner(
+        lambda: session.run_with_ort_values(output_names, feed),
+        lambda out: [v.numpy() for v in out],
+    )
+
+
+def prepare_openvino(w: Workload, threads: int) -> Runner:
+    """OpenVINO's CPU plugin in f32 (it would pick bf16 on this CPU), tuned for latency."""
+    import openvino as ov
+
+    core = ov.Core()
+    model = core.read_model(w.onnx.SerializeToString(), b"")
+    config = {
+        "INFERENCE_PRECISION_HINT": "f32",
+        "INFERENCE_NUM_THREADS": threads,
+        "PERFORMANCE_HINT": "LATENCY",
+    }
+    request = core.compile_model(model, "CPU", config).create_infer_request()
+    inputs = [t.numpy() for t in w.inputs]
+    for i, array in enumerate(inputs):
+        request.set_input_tensor(i, ov.Tensor(array, shared_memory=True))
+
+    def run():
+        request.infer()
+        return request
+
+    def to_numpy(done_request):
+        return [t.data.copy() for t in done_request.output_tensors]
+
+    return Runner(run, to_numpy)
+
+
+def prepare_tvm(w: Workload, threads: int) -> Runner:
+    """TVM's default Relax pipeline for a plain ``llvm`` target. That pipeline legalizes and
+    fuses operators but does not schedule them, so its kernels are untuned (and slow)."""
+    import tvm
+    from tvm import relax
+
+    target = tvm.target.Target({"kind": "llvm", "num-cores": threads})
+    vm = relax.VirtualMachine(tvm.compile(w.relax, target=target), tvm.cpu())
+    main = vm["main"]
+    inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
+
+    def to_numpy(out):
+        return [out.numpy()] if hasattr(out, "numpy") else [t.numpy() for t in out]
+
+    return Runner(lambda: main(*inputs), to_numpy)
+
+
+PrepareFn = Callable[[Workload, int], Runner]
+
+PEERS: dict[str, PrepareFn] = {
+    "torch": prepare_torch,
+    "torch.compile": prepare_torch_compile,
+    "onnxruntime": prepare_onnxruntime,
+    "openvino": prepare_openvino,
+    "tvm": prepare_tvm,
+}

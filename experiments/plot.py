@@ -1,0 +1,104 @@
+"""Bar chart of the peer baselines: latency per peer per model, from the bench's JSON file.
+
+    python -m experiments.plot [experiments/results/peers.json] [experiments/results/peers.png]
+
+The y axis is logarithmic because untuned TVM can be a hundred times slower than the rest.
+Bars show the median; the whiskers span the middle half of the samples (p25 to p75).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.transforms import blended_transform_factory  # noqa: E402
+
+DEFAULT_RESULTS = Path(__file__).parent / "results" / "peers.json"
+
+
+def peer_names(results: dict[str, dict]) -> list[str]:
+    """Every peer in the results, in the order they were first recorded (the bench records
+    them in registry order, so a peer added later, such as Collage, comes last)."""
+    names: dict[str, None] = {}
+    for entry in results.values():
+        names.update(dict.fromkeys(entry["peers"]))
+    return list(names)
+
+
+def format_ms(ms: float) -> str:
+    """Three significant digits, or all the integer digits."""
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
+
+
+def plot_latency(results_json_path, png_path) -> None:
+    """Grouped bars from the bench's JSON file: one group per model, one bar per peer; a peer
+    that failed on a model gets the word "failed" where its bar would be."""
+    results = json.loads(Path(results_json_path).read_text())
+    model_names, peers = list(results), peer_names(results)
+    width = 0.8 / len(peers)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + 0.4 * len(model_names) * len(peers)), 5.0))
+    below_bars = blended_transform_factory(ax.transData, ax.transAxes)
+
+    for i, peer in enumerate(peers):
+        xs, medians, whiskers, labels = [], [], ([], []), []
+        for x, name in enumerate(model_names):
+            record = results[name]["peers"].get(peer)
+            position = x - 0.4 + width * (i + 0.5)
+            if record is None:
+                continue
+            if record["error"] is not None:
+                ax.text(position, 0.01, "failed", transform=below_bars, rotation=90,
+                        ha="center", va="bottom", fontsize=8, color="firebrick")  # fmt: skip
+                continue
+            xs.append(position)
+            medians.append(record["median_ms"])
+            whiskers[0].append(record["median_ms"] - record["p25_ms"])
+            whiskers[1].append(record["p75_ms"] - record["median_ms"])
+            labels.append(format_ms(record["median_ms"]))
+        bars = ax.bar(xs, medians, width, yerr=whiskers, capsize=2, label=peer,
+                      color=plt.cm.tab10(i), error_kw={"elinewidth": 0.8})  # fmt: skip
+        ax.bar_label(bars, labels, rotation=90, padding=3, fontsize=7)
+
+    ax.set_yscale("log")
+    ax.margins(y=0.2)  # room above the tallest bar for its label
+    ax.set_ylabel("latency per inference, ms (median, log scale)")
+    ax.set_xticks(range(len(model_names)))
+    ax.set_xticklabels([_model_label(results[name]) for name in model_names], fontsize=9)
+    ax.grid(axis="y", which="major", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=len(peers), frameon=False)
+    ax.set_title(_title(results), fontsize=10)
+    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png_path, dpi=130, bbox_inches="tight")  # "tight" keeps the legend below the axes
+    plt.close(fig)
+
+
+def _model_label(entry: dict) -> str:
+    shapes = " ".join("x".join(map(str, shape)) for shape in entry["input_shapes"])
+    return f"{entry['description']}\n{shapes}"
+
+
+def _title(results: dict[str, dict]) -> str:
+    metas = [entry["meta"] for entry in results.values()]
+    threads = "/".join(str(t) for t in sorted({m["threads"] for m in metas}))
+    cpus = ", ".join(sorted({m["cpu"] for m in metas}))
+    return f"Whole-model latency per peer\n{cpus}, {threads} threads"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="Draw the peer-baseline bar chart.")
+    parser.add_argument("results", nargs="?", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("png", nargs="?", type=Path, help="default: the JSON's path ending in .png")
+    args = parser.parse_args(argv)
+    png = args.png or args.results.with_suffix(".png")
+    plot_latency(args.results, png)
+    print(png)
+
+
+if __name__ == "__main__":
+    main()
