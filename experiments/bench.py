@@ -27,17 +27,16 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-# torch's OpenMP threads wait for work by sleeping, not spinning. On a machine shared with
-# other work, a spinning thread holds the core that the thread it waits for needs: here, with
-# one of two cores busy elsewhere, torch eager took 922 ms on SqueezeNet instead of 17 ms.
-# OpenMP reads this once, when torch is imported; OMP_WAIT_POLICY=ACTIVE in the shell wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Every peer runs with its library's defaults. torch's OpenMP threads spin while they wait
+# (OMP_WAIT_POLICY unset = active): on a quiet machine that is 30-45% faster than sleeping
+# (SqueezeNet 10.1 vs 14.7 ms, ResNet-50 37.6 vs 54.1 ms, 2 threads), but with one core busy
+# elsewhere it makes torch 10-100x slower, so the table warns when other processes were busy.
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from experiments import models  # noqa: E402
-from experiments.peers import PEERS, PrepareFn, Runner, pin_threads  # noqa: E402
-from experiments.plot import format_ms, peer_names, plot_latency  # noqa: E402
+from experiments import models
+from experiments.peers import PEERS, PrepareFn, Runner, pin_threads
+from experiments.plot import format_ms, peer_names, plot_latency
 
 RESULTS_DIR = Path(__file__).parent / "results"
 MAX_REL_ERR = 1e-3  # outputs further than this from torch's are flagged in the table
