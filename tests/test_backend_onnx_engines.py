@@ -1,0 +1,186 @@
+"""The engines that run a sub-graph as an ONNX model: onnxruntime and openvino on CPU,
+tensorrt on CUDA. Their rule on graphs, their kernels against TVM's results, and the
+reason each gives when it cannot run. Kernel checks take the candidates the rule grows on
+small zoo models, one per structural key, sampled so every operator seen is covered.
+"""
+
+import importlib
+import sys
+from types import SimpleNamespace
+
+import pytest
+import tvm
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from collage import runner
+from collage.backend import GRAPH_LEVEL, Unsupported
+from collage.backends import tensorrt as tensorrt_backend
+from collage.backends.openvino import with_precision
+from collage.backends.tvm import BACKEND as TVM
+from collage.candidates import generate
+from collage.graph import DataflowGraph
+from tests.helpers import failures, sample, zoo_candidates, zoo_graph
+
+ENGINES = [("onnxruntime", "llvm"), ("openvino", "llvm"), ("tensorrt", "cuda")]
+CPU_ENGINES = [e for e in ENGINES if e[1] == "llvm"]
+
+
+def engine(name):
+    return importlib.import_module(f"collage.backends.{name}").BACKEND
+
+
+def runnable(backend, target):
+    reason = backend.unavailable_reason(target)
+    if reason is not None:
+        pytest.skip(f"{backend.name} cannot run here: {reason}")
+    return backend
+
+
+# fmt: off
+@I.ir_module
+class WithUnknownOp:
+    @R.function
+    def main(x: R.Tensor((2, 8), "float32"), w: R.Tensor((8, 8), "float32")):
+        with R.dataflow():
+            a = R.matmul(x, w)          # 0
+            b = R.nn.relu(a)            # 1
+            c = R.cumsum(b, axis=1)     # 2: no ONNX conversion
+            d = R.nn.relu(c)            # 3
+            R.output(d)
+        return d
+
+
+@I.ir_module
+class IntegerFloor:
+    @R.function
+    def main(x: R.Tensor((4,), "int32")):
+        with R.dataflow():
+            y = R.floor(x)
+            R.output(y)
+        return y
+# fmt: on
+
+
+# ------------------------------------------------------------------ everywhere
+
+
+@pytest.mark.parametrize("name, target", ENGINES)
+def test_record(name, target):
+    backend = engine(name)
+    assert (backend.name, backend.kind, backend.targets) == (name, GRAPH_LEVEL, (target,))
+    assert [rule.name for rule in backend.rules] == [f"{name}.fused"]
+    other = "cuda" if target == "llvm" else "llvm"
+    assert backend.unavailable_reason(other) == f"does not serve target {other!r}"
+
+
+def test_library_versions_are_named():
+    assert engine("onnxruntime").library.startswith("ONNX Runtime 1.")
+    assert engine("openvino").library.startswith("OpenVINO 20") and engine("openvino").library.endswith("f32)")
+    assert with_precision("bf16").library.endswith("bf16)")
+
+
+@pytest.mark.parametrize("name, target", ENGINES)
+def test_rule_excludes_what_does_not_convert(name, target):
+    cands = generate(DataflowGraph.from_module(WithUnknownOp), [engine(name)])
+    assert {c.pattern for c in cands} == {f"{name}.fused"}
+    assert {frozenset(c.subgraph.nodes) for c in cands} == {frozenset(s) for s in ({0}, {0, 1}, {1}, {3})}
+
+
+@pytest.mark.parametrize("name, target", ENGINES)
+def test_rule_on_a_zoo_model_groups_like_tvm(name, target):
+    """Every MLP operator converts, so the rule finds exactly TVM's fusion groups."""
+    groups = {frozenset(c.subgraph.nodes) for c in zoo_candidates("mlp", engine(name))}
+    assert groups == {frozenset(c.subgraph.nodes) for c in generate(zoo_graph("mlp"), [TVM])}
+
+
+@pytest.mark.parametrize("name, target", ENGINES)
+def test_missing_library_is_a_reason_not_a_crash(name, target, monkeypatch):
+    monkeypatch.setitem(sys.modules, name, None)  # `import <library>` now fails
+    monkeypatch.delitem(sys.modules, f"collage.backends.{name}")
+    reloaded = importlib.import_module(f"collage.backends.{name}").BACKEND
+    assert reloaded.unavailable_reason(target) == f"missing Python module(s): {name}"
+    func = DataflowGraph.from_module(WithUnknownOp).func
+    assert runner.check_candidate(reloaded, func, f"{name}.fused", target) == f"missing Python module(s): {name}"
+
+
+def test_tensorrt_without_a_gpu_says_so(monkeypatch):
+    monkeypatch.setattr(tensorrt_backend.tvm, "cuda", lambda: SimpleNamespace(exist=False))
+    assert tensorrt_backend.BACKEND.probe("cuda") == "no CUDA device visible to TVM"
+
+
+class FakeEngine:
+    """What the TensorRT kernel reads of an engine: its I/O tensor names and a context."""
+
+    def __init__(self, names):
+        self.names, self.calls = names, []
+        self.num_io_tensors = len(names)
+
+    def get_tensor_name(self, i):
+        return self.names[i]
+
+    def create_execution_context(self):
+        fake = self
+
+        class Context:
+            def set_tensor_address(self, name, address):
+                fake.calls.append((name, address))
+
+            def execute_async_v3(self, stream):
+                fake.calls.append(("run", stream))
+                return True
+
+        return Context()
+
+
+def test_tensorrt_kernel_binds_device_pointers_by_name(monkeypatch):
+    """Without a GPU: the kernel's bookkeeping, on CPU tensors and a CPU 'stream'."""
+    monkeypatch.setattr(tensorrt_backend.tvm, "cuda", tvm.cpu)
+    trt_engine = FakeEngine(["x", "out0"])  # TensorRT dropped the unread input "shape_only"
+    kernel = tensorrt_backend._EngineKernel(trt_engine, ["x", "shape_only", "out0"])
+    x, unread, out = (tvm.runtime.empty((2, 2), "float32", tvm.cpu()) for _ in range(3))
+    kernel(x, unread, out)
+    assert trt_engine.calls == [("x", x.data_ptr()), ("out0", out.data_ptr()), ("run", 0)]
+
+
+# ------------------------------------------------------------------ where the engine runs
+
+
+@pytest.mark.parametrize("name, target", CPU_ENGINES)
+def test_unknown_operator_excludes_the_candidate_with_its_reason(name, target):
+    backend, func = engine(name), DataflowGraph.from_module(WithUnknownOp).func
+    with pytest.raises(Unsupported, match="relax.cumsum has no ONNX conversion"):
+        backend.compile(func, f"{name}.fused", target)
+    reason = runner.check_candidate(backend, func, f"{name}.fused", target)
+    assert reason == "unsupported: operator relax.cumsum has no ONNX conversion"
+
+
+def test_what_onnx_runtime_rejects_is_unsupported():
+    """ONNX's Floor takes floats only: the model converts, and ONNX Runtime says no."""
+    with pytest.raises(Unsupported, match="ONNX Runtime cannot run this sub-graph: .*Floor"):
+        engine("onnxruntime").compile(IntegerFloor["main"], "onnxruntime.fused", "llvm")
+
+
+@pytest.mark.parametrize("name, target", CPU_ENGINES)
+def test_kernel_reads_and_writes_the_callers_buffers_on_every_call(name, target):
+    backend = engine(name)
+    graph = DataflowGraph.from_module(WithUnknownOp)
+    (matmul_relu,) = [c for c in generate(graph, [backend]) if c.subgraph.nodes == {0, 1}]
+    sub = matmul_relu.subgraph.extract()
+    kernel = backend.compile(sub, matmul_relu.pattern, target)
+    inputs, outputs = runner.to_tensors(runner.random_inputs(sub)), runner.empty_outputs(sub)
+    for seed in (1, 2):  # the same buffers, new contents
+        arrays = runner.random_inputs(sub, seed)
+        for tensor, array in zip(inputs, arrays):
+            tensor.copyfrom(array)
+        kernel(*inputs, *outputs)
+        assert runner.mismatch([o.numpy() for o in outputs], runner.run_reference(sub, arrays)) is None
+
+
+@pytest.mark.parametrize("name, target", ENGINES)
+@pytest.mark.parametrize("model, limit", [("mlp", 20), ("squeezenet", 30), ("bert", 40)])
+def test_candidates_match_tvm(name, target, model, limit):
+    backend = runnable(engine(name), target)
+    candidates = zoo_candidates(model, backend)
+    assert {c.pattern for c in candidates} == {f"{name}.fused"}
+    assert failures(backend, sample(candidates, limit), target) == {}
