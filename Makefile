@@ -4,6 +4,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 # Re-installing only when the pins or the package metadata change keeps `make setup` to seconds.
 STAMP  := $(VENV)/.installed
+# The demo writes beside, not over, the committed results.
+DEMO   := experiments/results/demo
 
 .PHONY: setup demo test bench clean
 
@@ -17,7 +19,7 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(PY) -m experiments.bench --model squeezenet
+	$(PY) -m experiments.bench --model squeezenet --out $(DEMO)/peers.json
 
 test: setup
 	$(PY) -m pytest
