@@ -1,0 +1,242 @@
+"""The cost log: every measured cost, kept in SQLite so nothing is measured twice.
+
+One row per (backend, library version, structural key, device, threads, precision,
+pattern), holding the median, spread and sample count, when it was measured, and the
+failure reason for an invalid cost. Rows are plain values that ``sqlite3`` can show; no
+pickled objects. The file is in WAL mode with a busy timeout, so several processes
+optimizing at once read while one writes and wait for each other instead of failing.
+
+Conflict policy: the first writer wins. Two processes that measure the same key at once
+both measured the same thing, so either value is right; keeping the first makes a row
+immutable once written, so every process (and every later run) plans with the same number,
+and ``put`` returns that stored cost so the second writer can use it too. Costs of a new
+library version or another machine go to new rows, not over old ones; ``clear`` starts over.
+
+Connections are opened per operation and closed after it, so none is ever carried across
+``fork``. Inside ``with log:`` the calling process and thread share one connection, which
+is faster for a planner that reads many rows; other processes and threads still open their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+from .cost import Cost, Device
+
+ENV_VAR = "COLLAGE_COST_LOG"
+DEFAULT_PATH = "~/.cache/collage/costs.sqlite"
+SCHEMA_VERSION = 1
+TABLE = "costs"
+# Writers hold the lock for one short statement; a minute covers many processes queueing.
+BUSY_TIMEOUT_S = 60.0
+
+_SCHEMA = f"""
+CREATE TABLE {TABLE} (
+    backend     TEXT NOT NULL,
+    library     TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    device      TEXT NOT NULL,
+    threads     INTEGER NOT NULL,
+    precision   TEXT NOT NULL,
+    pattern     TEXT NOT NULL,
+    median_ms   REAL,
+    spread_ms   REAL,
+    samples     INTEGER,
+    measured_at TEXT NOT NULL,
+    failure     TEXT,
+    CHECK ((failure IS NULL) = (median_ms IS NOT NULL)),
+    PRIMARY KEY (backend, library, key, device, threads, precision, pattern)
+)"""
+
+_KEY_COLUMNS = ("backend", "library", "key", "device", "threads", "precision", "pattern")
+_WHERE_KEY = " AND ".join(f"{c} = ?" for c in _KEY_COLUMNS)
+
+
+class CostLogError(Exception):
+    """The cost log file cannot be used (corrupt, or another program's database)."""
+
+
+@dataclass(frozen=True)
+class LogKey:
+    """What identifies one measurement: the row's primary key, as plain strings and ints."""
+
+    backend: str
+    library: str  # the library and its version, e.g. "ONNX Runtime 1.22.0 (CPU ...)"
+    key: str  # the sub-graph's structural key: ops, attributes, shapes and dtypes
+    device: str
+    threads: int
+    precision: str
+    pattern: str
+
+    @classmethod
+    def of(cls, candidate, backend, device: Device, precision: str = "float32") -> LogKey:
+        """The key for measuring ``candidate`` on ``backend`` (its ``Backend`` record)."""
+        if candidate.backend != backend.name:
+            raise ValueError(f"candidate of backend {candidate.backend!r} keyed with backend {backend.name!r}")
+        return cls(
+            backend=backend.name,
+            library=backend.library,
+            key=candidate.subgraph.structural_key,
+            device=device.name,
+            threads=device.threads,
+            precision=precision,
+            pattern=candidate.pattern,
+        )
+
+    def values(self) -> tuple:
+        return tuple(getattr(self, c) for c in _KEY_COLUMNS)
+
+
+class Stats(NamedTuple):
+    rows: int
+    failures: int
+
+
+def default_path() -> Path:
+    """``$COLLAGE_COST_LOG`` if set, else ``~/.cache/collage/costs.sqlite``."""
+    return Path(os.environ.get(ENV_VAR) or DEFAULT_PATH).expanduser()
+
+
+class CostLog:
+    """Measured costs in an SQLite file (see the module docstring for the policy)."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path).expanduser() if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._held: tuple[tuple[int, int], sqlite3.Connection] | None = None
+        with self._connection() as conn:
+            self._initialize(conn)
+
+    def __repr__(self):
+        return f"CostLog({str(self.path)!r})"
+
+    # -- reading and writing --
+
+    def get(self, key: LogKey) -> Cost | None:
+        """The logged cost for ``key``, or None when it was never measured."""
+        with self._connection() as conn:
+            row = conn.execute(
+                f"SELECT median_ms, spread_ms, samples, failure FROM {TABLE} WHERE {_WHERE_KEY}", key.values()
+            ).fetchone()
+        return None if row is None else _cost_from_row(*row)
+
+    def put(self, key: LogKey, cost: Cost) -> Cost:
+        """Log ``cost`` for ``key`` unless a cost is already there; returns the logged one."""
+        if cost.is_unknown:
+            raise ValueError(f"an unknown cost is not a measurement; not logging it for {key}")
+        measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        if cost.is_valid:
+            measurement = (cost.median_ms, cost.spread_ms, cost.samples, None)
+        else:
+            measurement = (None, None, None, cost.reason)
+        with self._connection() as conn:
+            conn.execute(
+                f"INSERT OR IGNORE INTO {TABLE} ({', '.join(_KEY_COLUMNS)}, median_ms, spread_ms, samples, "
+                f"failure, measured_at) VALUES ({', '.join('?' * (len(_KEY_COLUMNS) + 5))})",
+                (*key.values(), *measurement, measured_at),
+            )
+            row = conn.execute(
+                f"SELECT median_ms, spread_ms, samples, failure FROM {TABLE} WHERE {_WHERE_KEY}", key.values()
+            ).fetchone()
+        return _cost_from_row(*row)
+
+    def stats(self) -> dict[tuple[str, str], Stats]:
+        """Rows and failures per (backend, device)."""
+        with self._connection() as conn:
+            rows = conn.execute(
+                f"SELECT backend, device, COUNT(*), COUNT(failure) FROM {TABLE} "
+                "GROUP BY backend, device ORDER BY backend, device"
+            ).fetchall()
+        return {(backend, device): Stats(n, failures) for backend, device, n, failures in rows}
+
+    def clear(self) -> None:
+        """Forget every logged cost."""
+        with self._connection() as conn:
+            conn.execute(f"DELETE FROM {TABLE}")
+
+    def __len__(self) -> int:
+        with self._connection() as conn:
+            return conn.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0]
+
+    # -- connections --
+
+    def __enter__(self) -> CostLog:
+        if self._held is not None:
+            raise RuntimeError(f"{self!r} is already open in a with block")
+        self._held = (_owner(), self._open())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        owner, conn = self._held
+        self._held = None
+        # A connection inherited through fork belongs to the parent; closing it here could
+        # checkpoint the parent's WAL from under it, so only its owner closes it.
+        if owner == _owner():
+            conn.close()
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """The held connection when the caller owns it, else a fresh one for this operation."""
+        if self._held is not None and self._held[0] == _owner():
+            yield self._held[1]
+            return
+        conn = self._open()
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def _open(self) -> sqlite3.Connection:
+        # Autocommit: every statement is its own transaction, so writers hold the lock briefly.
+        try:
+            return sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.Error as e:
+            raise CostLogError(f"cannot open the cost log {self.path}: {e}") from e
+
+    def _initialize(self, conn: sqlite3.Connection) -> None:
+        """Turn on WAL and create the table in a new file; refuse a file that is not a log."""
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            # IMMEDIATE takes the write lock first, so processes creating the file at once
+            # create the table once.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._create_or_check(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        except sqlite3.DatabaseError as e:
+            raise CostLogError(
+                f"cannot use {self.path} as a collage cost log ({e}); move it away or pass another path"
+            ) from e
+
+    def _create_or_check(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        if version == 0 and not tables:
+            conn.execute(_SCHEMA)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif version != SCHEMA_VERSION or TABLE not in tables:
+            raise CostLogError(
+                f"{self.path} is not a collage cost log of schema version {SCHEMA_VERSION} "
+                f"(user_version {version}, tables {tables}); move it away or pass another path"
+            )
+
+
+def _owner() -> tuple[int, int]:
+    """Who may use a held connection: the process and thread that opened it."""
+    return os.getpid(), threading.get_ident()
+
+
+def _cost_from_row(median_ms, spread_ms, samples, failure) -> Cost:
+    if failure is not None:
+        return Cost.invalid(failure)
+    return Cost.of(median_ms, spread=spread_ms, samples=samples)
