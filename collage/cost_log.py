@@ -23,6 +23,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -203,7 +204,7 @@ class CostLog:
     def _initialize(self, conn: sqlite3.Connection) -> None:
         """Turn on WAL and create the table in a new file; refuse a file that is not a log."""
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._use_wal(conn)
             # IMMEDIATE takes the write lock first, so processes creating the file at once
             # create the table once.
             conn.execute("BEGIN IMMEDIATE")
@@ -217,6 +218,21 @@ class CostLog:
             raise CostLogError(
                 f"cannot use {self.path} as a collage cost log ({e}); move it away or pass another path"
             ) from e
+
+    @staticmethod
+    def _use_wal(conn: sqlite3.Connection) -> None:
+        """Switch to WAL. The switch needs the file to itself, and SQLite can answer "locked"
+        at once, without its busy timeout, while another process is creating the same file:
+        so retry, for as long as the busy timeout would have waited."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def _create_or_check(self, conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
