@@ -11,11 +11,8 @@ from tvm import relax
 
 from collage.backend import OP_LEVEL, Backend
 from collage.pattern import PatternRule
+from collage.runner import device_for
 from collage.patterns.fusion import anchor_then_elementwise
-
-
-def device_for(target: str):
-    return tvm.cuda() if target == "cuda" else tvm.cpu()
 
 
 def probe(target: str) -> str | None:

@@ -31,6 +31,14 @@ class Candidate:
         return f"Candidate({self.backend}, {self.pattern}, {sorted(self.subgraph.nodes)})"
 
 
+def distinct(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """The first candidate of each key, in order: what gets compiled and measured."""
+    first: dict[tuple[str, str, str], Candidate] = {}
+    for c in candidates:
+        first.setdefault(c.key, c)
+    return list(first.values())
+
+
 def match_pattern(graph: DataflowGraph, pattern: Pattern) -> Iterator[SubGraph]:
     """Each place ``pattern`` matches, at most one match per root node."""
     for node in graph:

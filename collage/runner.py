@@ -114,13 +114,14 @@ def check_candidate(backend, func: relax.Function, pattern: str, target: str = "
     except Exception as err:  # a library's own compile error: exclude the candidate, keep going
         return f"compile failed: {type(err).__name__}: {_first_line(err)}"
     try:
-        actual = run_kernel(kernel, func, arrays, _device(target))
+        actual = run_kernel(kernel, func, arrays, device_for(target))
     except Exception as err:
         return f"run failed: {type(err).__name__}: {_first_line(err)}"
     return mismatch(actual, run_reference(func, arrays))
 
 
-def _device(target: str):
+def device_for(target: str):
+    """The TVM device a target runs on."""
     return tvm.cuda() if target == "cuda" else tvm.cpu()
 
 

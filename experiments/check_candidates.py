@@ -21,19 +21,11 @@ from collections import Counter
 
 from collage import runner, simplify
 from collage.backend import default_backends
-from collage.candidates import generate
+from collage.candidates import distinct, generate
 from collage.graph import DataflowGraph
 from experiments import models
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-
-
-def distinct(candidates):
-    """One candidate per (backend, pattern, structural key): what gets compiled."""
-    seen = {}
-    for c in candidates:
-        seen.setdefault(c.key, c)
-    return list(seen.values())
 
 
 def check_model(name: str, small: bool, target: str = "llvm", run: bool = True) -> dict:

@@ -8,7 +8,7 @@ import numpy as np
 from tvm import relax
 
 from collage import runner
-from collage.candidates import generate
+from collage.candidates import distinct, generate
 from collage.graph import DataflowGraph
 from collage.simplify import simplify
 from experiments import models
@@ -38,16 +38,16 @@ def zoo_candidates(name: str, backend, simplified: bool = False):
 def sample(candidates, limit: int | None = None):
     """One candidate per structural key: first enough to cover every pattern and operator
     seen, then evenly spaced others, at most ``limit`` in all."""
-    distinct = list({c.key: c for c in reversed(candidates)}.values())[::-1]
+    unique = distinct(candidates)
+    if limit is None:
+        return unique
     chosen, covered = [], set()
-    for c in sorted(distinct, key=lambda c: -len(c.subgraph)):
+    for c in sorted(unique, key=lambda c: -len(c.subgraph)):
         seen = {c.pattern, *c.subgraph.ops}
         if not covered.issuperset(seen):
             chosen.append(c)
             covered |= seen
-    if limit is None:
-        return distinct
-    rest = [c for c in distinct if c not in chosen]
+    rest = [c for c in unique if c not in chosen]
     step = max(1, len(rest) // max(1, limit - len(chosen)))
     return (chosen + rest[::step])[:limit]
 
