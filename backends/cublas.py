@@ -7,9 +7,10 @@ views of TVM's CUDA buffers; constant weights are copied to the GPU once, at com
 PyTorch's default keeps float32 matmuls in full precision (no TF32), as TVM computes them.
 """
 
-from collage.backend import OP_LEVEL, Backend, installed_version
 from collage.backends.mkl import matmul_kernel
 from collage.patterns import kernels
+
+from collage.backend import OP_LEVEL, Backend, installed_version
 
 PATTERNS = {p.name: p for p in kernels.matmul_patterns("cublas")}
 

@@ -8,9 +8,10 @@ TF32 switch, so it would cost a copy and the precision. Constant weights and bia
 copied to the GPU once, at compile time.
 """
 
-from collage.backend import OP_LEVEL, Backend, installed_version
 from collage.patterns import kernels
 from collage.patterns.kernels import shape_of
+
+from collage.backend import OP_LEVEL, Backend, installed_version
 
 PATTERNS = {p.name: p for p in kernels.conv_patterns("cudnn", dims=(2, 3))}
 

@@ -18,10 +18,11 @@ these convert to oneDNN tensors (``to_mkldnn``), pool with oneDNN's primitive an
 back (``to_dense``, then ``copy_``): three copies, measured like any candidate.
 """
 
-from collage.backend import OP_LEVEL, Backend, installed_version
-from collage.pattern import Pattern
 from collage.patterns import kernels
 from collage.patterns.kernels import Check, shape_of
+
+from collage.backend import OP_LEVEL, Backend, installed_version
+from collage.pattern import Pattern
 
 
 def probe(target: str) -> str | None:

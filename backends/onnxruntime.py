@@ -12,13 +12,13 @@ the backend is excluded with that reason (``Backend.unavailable_reason``).
 
 import os
 
+from collage.patterns.fusion import anchor_then_elementwise
 from onnx import helper
 from tvm import relax
 
 from collage.backend import GRAPH_LEVEL, Backend, Unsupported, installed_version
 from collage.onnx_convert import convertible, to_onnx
 from collage.pattern import PatternRule
-from collage.patterns.fusion import anchor_then_elementwise
 
 
 def _session(model_bytes: bytes):
@@ -28,6 +28,11 @@ def _session(model_bytes: bytes):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = int(os.environ.get("COLLAGE_NUM_THREADS", "0"))
+    # Spin while running (its threads hand work to each other fast), but stop when a run ends:
+    # threads that keep spinning take the cores from the next kernel of another library.
+    # Measured on ResNet-50 placed over tvm and onnxruntime (2 threads): 1113 ms with spinning
+    # left on, 49.5 ms with it off, 31.9 ms stopping after each run.
+    options.add_session_config_entry("session.force_spinning_stop", "1")
     try:
         return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
     except (ort_errors.NotImplemented, ort_errors.InvalidGraph) as error:
@@ -69,5 +74,5 @@ BACKEND = Backend(
     # Graph-level search over larger partitions comes later; for now, TVM's fusion groups.
     rules=(PatternRule("onnxruntime.fused", convertible, anchor_then_elementwise),),
     requires=("onnxruntime", "onnx"),
-    library=f"ONNX Runtime {installed_version('onnxruntime')} (CPU execution provider)",
+    library=f"ONNX Runtime {installed_version('onnxruntime')} (CPU execution provider, spinning stops after each run)",
 )

@@ -16,12 +16,12 @@ import functools
 import os
 
 import numpy as np
+from collage.patterns.fusion import anchor_then_elementwise
 from tvm import relax
 
 from collage.backend import GRAPH_LEVEL, Backend, installed_version
 from collage.onnx_convert import convertible, to_onnx
 from collage.pattern import PatternRule
-from collage.patterns.fusion import anchor_then_elementwise
 
 
 def _config(precision: str) -> dict:

@@ -12,12 +12,12 @@ import ctypes
 import weakref
 
 import tvm
+from collage.patterns.fusion import anchor_then_elementwise
 from tvm import relax
 
 from collage.backend import GRAPH_LEVEL, Backend, Unsupported, installed_version
 from collage.onnx_convert import convertible, to_onnx
 from collage.pattern import PatternRule
-from collage.patterns.fusion import anchor_then_elementwise
 
 
 def probe(target: str) -> str | None:

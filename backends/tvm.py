@@ -6,13 +6,15 @@ ops). In an assembled module, ``tvm`` partitions are compiled in place by TVM; t
 below, which runs the sub-graph on the Relax VM, serves measuring and checking it alone.
 """
 
+import math
+
 import tvm
+from collage.patterns.fusion import anchor_then_elementwise
 from tvm import relax
 
 from collage.backend import OP_LEVEL, Backend
 from collage.pattern import PatternRule
 from collage.runner import device_for
-from collage.patterns.fusion import anchor_then_elementwise
 
 
 def probe(target: str) -> str | None:
@@ -21,18 +23,33 @@ def probe(target: str) -> str | None:
     return None
 
 
-def compile(func: relax.Function, pattern: str, target: str):
-    executable = tvm.compile(tvm.IRModule({"main": func}), target=target)
-    main = relax.VirtualMachine(executable, device_for(target))["main"]
-    num_inputs = len(func.params)
-    returns_tuple = isinstance(func.ret_ty, relax.TupleType)
+class Kernel:
+    """The sub-graph on the Relax VM. Called destination-passing style it copies its results
+    into the caller's outputs; ``time_ms`` times it with TVM's own timer instead, as the VM of
+    an assembled module would run it (no Python in the loop, no copy)."""
 
-    def kernel(*tensors):
-        result = main(*tensors[:num_inputs])
-        for src, dst in zip(result if returns_tuple else [result], tensors[num_inputs:]):
+    def __init__(self, func: relax.Function, target: str):
+        self.device = device_for(target)
+        self.vm = relax.VirtualMachine(tvm.compile(tvm.IRModule({"main": func}), target=target), self.device)
+        self.num_inputs = len(func.params)
+        self.returns_tuple = isinstance(func.ret_ty, relax.TupleType)
+
+    def __call__(self, *tensors):
+        result = self.vm["main"](*tensors[: self.num_inputs])
+        for src, dst in zip(result if self.returns_tuple else [result], tensors[self.num_inputs :]):
             src.copyto(dst)
 
-    return kernel
+    def time_ms(self, inputs, timing):
+        from collage.measure import sample_until_stable
+
+        once = self.vm.time_evaluator("main", self.device, number=1, repeat=max(timing.warmup, 1))(*inputs)
+        number = max(1, math.ceil(timing.min_sample_ms / 1e3 / max(once.min, 1e-7)))
+        evaluator = self.vm.time_evaluator("main", self.device, number=number, repeat=1)
+        return sample_until_stable(lambda: evaluator(*inputs).mean * 1e3, timing)
+
+
+def compile(func: relax.Function, pattern: str, target: str) -> Kernel:
+    return Kernel(func, target)
 
 
 BACKEND = Backend(

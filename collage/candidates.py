@@ -9,8 +9,8 @@ are measured once.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from .graph import DataflowGraph
 from .pattern import Pattern, PatternRule

@@ -93,6 +93,7 @@ class DataflowGraph:
             nodes.append(Node(i, binding.var, binding.value, op_name(binding.value), tuple(dict.fromkeys(used))))
             index_of_var[binding.var] = i
         self.nodes: tuple[Node, ...] = tuple(nodes)
+        self.result: relax.Expr = result  # what the function returns, in terms of node vars
         self.index_of_var = index_of_var
         self.outputs: frozenset[int] = frozenset(
             index_of_var[v] for v in relax.analysis.free_vars(result) if v in index_of_var

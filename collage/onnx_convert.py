@@ -18,7 +18,8 @@ a backend's rule and the real conversion cannot disagree.
 from __future__ import annotations
 
 import math
-from typing import Callable, Union
+from collections.abc import Callable
+from typing import Union
 
 import numpy as np
 import onnx

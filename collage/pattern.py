@@ -12,15 +12,14 @@ Both are plain records; a backend lists them, nothing registers them globally.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from tvm import relax
 from tvm.relax.dpl import CallPattern, DFPattern, TupleGetItemPattern, TuplePattern
 
 from .graph import DataflowGraph, Node
 from .subgraph import SubGraph
-
 
 _COVERING = (CallPattern, TuplePattern, TupleGetItemPattern)
 

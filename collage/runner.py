@@ -76,19 +76,20 @@ def run_kernel(kernel, func: relax.Function, arrays: list[np.ndarray], device=No
     return [o.numpy() for o in outputs]
 
 
-def mismatch(actual: list[np.ndarray], expected: list[np.ndarray]) -> str | None:
-    """Why ``actual`` disagrees with ``expected`` (shape, dtype or values), or None."""
+def mismatch(actual: list[np.ndarray], expected: list[np.ndarray], rtol: float | None = None) -> str | None:
+    """Why ``actual`` disagrees with ``expected`` (shape, dtype or values), or None. Values
+    may differ by ``rtol`` (default: per dtype, ``RTOL``) times the largest expected value."""
     if len(actual) != len(expected):
         return f"{len(actual)} outputs, expected {len(expected)}"
     for k, (a, e) in enumerate(zip(actual, expected)):
         if a.shape != e.shape or a.dtype != e.dtype:
             return f"output {k}: {a.dtype}{list(a.shape)}, expected {e.dtype}{list(e.shape)}"
         if e.dtype.kind == "f":
-            rtol = RTOL.get(str(e.dtype), 1e-4)
+            tol = rtol if rtol is not None else RTOL.get(str(e.dtype), 1e-4)
             scale = max(float(np.abs(e).max(initial=0.0)), 1e-6)
             err = float(np.abs(a.astype("float64") - e).max(initial=0.0))
-            if not err <= rtol * scale:  # also catches NaN
-                return f"output {k}: max |diff| {err:.3g} exceeds {rtol} x max |expected| {scale:.3g}"
+            if not err <= tol * scale:  # also catches NaN
+                return f"output {k}: max |diff| {err:.3g} exceeds {tol} x max |expected| {scale:.3g}"
         elif not np.array_equal(a, e):
             return f"output {k}: {int((a != e).sum())} of {e.size} values differ"
     return None
@@ -112,11 +113,11 @@ def check_candidate(backend, func: relax.Function, pattern: str, target: str = "
     except Unsupported as err:
         return f"unsupported: {err}"
     except Exception as err:  # a library's own compile error: exclude the candidate, keep going
-        return f"compile failed: {type(err).__name__}: {_first_line(err)}"
+        return f"compile failed: {type(err).__name__}: {first_line(err)}"
     try:
         actual = run_kernel(kernel, func, arrays, device_for(target))
     except Exception as err:
-        return f"run failed: {type(err).__name__}: {_first_line(err)}"
+        return f"run failed: {type(err).__name__}: {first_line(err)}"
     return mismatch(actual, run_reference(func, arrays))
 
 
@@ -125,6 +126,6 @@ def device_for(target: str):
     return tvm.cuda() if target == "cuda" else tvm.cpu()
 
 
-def _first_line(err: Exception) -> str:
+def first_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else "(no message)"

@@ -111,18 +111,23 @@ class SubGraph:
 
     # ------------------------------------------------------------------ extraction
 
+    def arguments(self, lift_constants: bool = False) -> list[relax.Expr]:
+        """What a call of the extracted function passes, in parameter order: the inputs, less
+        the constants that stay inside it."""
+        return [
+            value
+            for value in self.inputs
+            if not isinstance(value, Constant) or (lift_constants and _is_tensor(value))
+        ]
+
     def extract(self, lift_constants: bool = False) -> relax.Function:
         """The sub-graph as a standalone Relax function ``main(inputs...) -> outputs``.
 
         With ``lift_constants``, tensor constants (weights) become parameters too; scalar
         constants stay, since their values change what is computed (``x ** 2`` vs ``x ** 3``).
         """
-        params_for = {}
-        for value in self.inputs:
-            if isinstance(value, Constant) and not (lift_constants and _is_tensor(value)):
-                continue
-            params_for[value] = relax.Var(f"p{len(params_for)}", value.ty)
-        remap = _Remap(params_for)
+        params_for = {value: relax.Var(f"p{k}", value.ty) for k, value in enumerate(self.arguments(lift_constants))}
+        remap = Remap(params_for)
         bb = relax.BlockBuilder()
         with bb.function("main", list(params_for.values()), {"global_symbol": "main"}):
             with bb.dataflow():
@@ -162,7 +167,7 @@ def _leaf_args(value: relax.Expr):
 
 
 @mutator
-class _Remap(PyExprMutator):
+class Remap(PyExprMutator):
     """Rewrites the vars and constants a binding reads to the extracted function's own."""
 
     def __init__(self, mapping):

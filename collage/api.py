@@ -1,0 +1,306 @@
+"""``collage.optimize``: the only place where the stages are wired together.
+
+    simplify -> DataflowGraph -> candidates -> measured costs (cost log) -> DP placement
+             -> assembled module -> checked against the unoptimized module -> OptimizedModule
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .assemble import Assembly, PartitionFailed, assemble
+from .backend import Backend, BackendSet, default_backends
+from .candidates import Candidate, generate
+from .cost import Cost
+from .cost_log import CostLog
+from .graph import DataflowGraph
+from .measure import Measurer, Timing, default_threads, pin_threads, time_call
+from .placement import Partition, Placement, PlacementError, place
+from .report import format_report
+from .runner import device_for, mismatch, random_inputs, run_kernel, static_shape, to_tensors
+from .simplify import SimplifyReport
+from .simplify import simplify as simplify_module
+from .subgraph import SubGraph
+
+TARGETS = ("llvm", "cuda")
+# End to end, rounding differences of the kernels add up along the model: the check allows
+# ten times the per-candidate tolerance (the zoo's measured error is under a quarter of it).
+END_TO_END_RTOL = 1e-3
+MAX_CHECK_ROUNDS = 3
+
+
+class OptimizeError(Exception):
+    """The model cannot be optimized as given; the message says what to change."""
+
+
+@dataclass
+class OptimizedModule:
+    """The placed and assembled model. Call it with numpy arrays like the original ``main``."""
+
+    module: tvm.IRModule  # the assembled Relax module (kernels outside TVM by call_dps_packed)
+    placement: list[Partition]
+    target: str
+    threads: int
+    estimated_ms: float  # the DP's sum of measured candidate and transition costs
+    measured: Cost  # the assembled module end to end
+    simplified: SimplifyReport | None
+    stats: dict = field(default_factory=dict)  # candidates, measurements, timings of each stage
+    excluded: dict[str, str] = field(default_factory=dict)  # backend -> why it was not used
+    fallbacks: list[tuple[Partition, str]] = field(default_factory=list)
+    _assembly: Assembly | None = field(default=None, repr=False)
+    _vm: relax.VirtualMachine | None = field(default=None, repr=False)
+    _params: list[relax.Var] = field(default_factory=list, repr=False)
+
+    def __call__(self, *arrays):
+        if len(arrays) != len(self._params):
+            names = ", ".join(p.name for p in self._params)
+            raise TypeError(f"the model takes {len(self._params)} input(s) ({names}), got {len(arrays)}")
+        tensors = []
+        for param, array in zip(self._params, arrays):
+            array = np.asarray(array)
+            shape, dtype = static_shape(param.ty), str(param.ty.dtype)
+            if array.shape != shape or str(array.dtype) != dtype:
+                raise ValueError(
+                    f"input {param.name!r} must be {dtype}{list(shape)}, got {array.dtype}{list(array.shape)}"
+                )
+            tensors.append(tvm.runtime.tensor(np.ascontiguousarray(array), device_for(self.target)))
+        return _to_numpy(self._vm["main"](*tensors))
+
+    def report(self) -> str:
+        return format_report(self)
+
+
+def optimize(
+    mod: tvm.IRModule,
+    target: str = "llvm",
+    backends: BackendSet | Iterable[Backend | str] | None = None,
+    cost_log: CostLog | str | None = None,
+    *,
+    params: Mapping[str, np.ndarray] | None = None,
+    threads: int | None = None,
+    simplify: bool = True,
+    timing: Timing = Timing(),
+    progress: bool = True,
+    seed: int = 0,
+) -> OptimizedModule:
+    """Place every operator of ``mod``'s ``main`` on the backend where it runs fastest here.
+
+    ``mod`` is a Relax IRModule with static shapes; weights are bound as constants, or given
+    as ``params`` (name -> array) to bind. ``backends`` defaults to every registered backend
+    (a BackendSet, or backends and backend names); those that cannot run here are left out
+    with their reason (``opt.excluded``). Costs are read from and written to ``cost_log`` (a
+    CostLog or a path; default ``~/.cache/collage/costs.sqlite`` or ``$COLLAGE_COST_LOG``).
+    Every backend runs on ``threads`` threads (default: the cores this process may use).
+    ``simplify`` runs ``collage.simplify`` first. Raises ``OptimizeError`` for input it cannot
+    handle; a failing backend candidate is excluded with its reason and never raises.
+    """
+    started = time.perf_counter()
+    stats: dict = {}
+    if target not in TARGETS:
+        raise OptimizeError(f"unknown target {target!r}; collage supports {', '.join(TARGETS)}")
+    threads = threads or default_threads()
+    pin_threads(threads)
+    original = _bound_main(mod, params)
+    backend_set = _backend_set(backends)
+    usable, excluded = backend_set.usable(target)
+    if not any(b.name == "tvm" for b in usable):
+        raise OptimizeError("the 'tvm' backend must be among the backends: it is the fallback for every operator")
+    log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
+
+    report = None
+    prepared = original
+    if simplify:
+        prepared, report = simplify_module(original, report=True)
+    graph = _graph(prepared)
+
+    t = time.perf_counter()
+    candidates = generate(graph, usable)
+    stats["candidates"] = len(candidates)
+    stats["generate_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    measurer = Measurer(BackendSet(usable), target, threads, log, timing, seed=seed)
+    measurer.measure_all(candidates, progress=progress)
+    stats["measured"] = measurer.measured
+    stats["distinct"] = len({measurer.key(c) for c in candidates})
+    stats["measure_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    try:
+        placement = place(graph, candidates, measurer, measurer.transition_ms)
+    except PlacementError as err:  # an operator no backend (not even TVM) could run
+        raise OptimizeError(str(err)) from None
+    stats["place_s"] = time.perf_counter() - t
+    stats["exact"] = placement.exact
+
+    t = time.perf_counter()
+    assembly, vm, partitions, fallbacks = _assemble_and_check(graph, placement, original, backend_set, target, seed)
+    stats["assemble_s"] = time.perf_counter() - t
+
+    inputs = to_tensors(random_inputs(original["main"], seed), device_for(target))
+    measured = time_call(lambda: vm["main"](*inputs), Timing(min_samples=7, budget_s=5.0))
+    stats["total_s"] = time.perf_counter() - started
+    return OptimizedModule(
+        module=assembly.module,
+        placement=partitions,
+        target=target,
+        threads=threads,
+        estimated_ms=placement.estimated_ms,
+        measured=measured,
+        simplified=report,
+        stats=stats,
+        excluded=excluded,
+        fallbacks=fallbacks,
+        _assembly=assembly,
+        _vm=vm,
+        _params=list(original["main"].params),
+    )
+
+
+# -- input checks --
+
+
+def _bound_main(mod, params) -> tvm.IRModule:
+    if not isinstance(mod, tvm.IRModule):
+        raise OptimizeError(
+            f"collage.optimize takes a Relax tvm.IRModule, not {type(mod).__name__}; import ONNX models "
+            "with tvm.relax.frontend.onnx.from_onnx and PyTorch ones with tvm.relax.frontend.torch"
+        )
+    main = mod["main"] if any(gv.name_hint == "main" for gv in mod.get_global_vars()) else None
+    if not isinstance(main, relax.Function):
+        raise OptimizeError("the module has no Relax function named 'main' to optimize")
+    if params:
+        known = {p.name for p in main.params}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise OptimizeError(f"params name no input of main: {', '.join(unknown)} (inputs: {', '.join(sorted(known))})")
+        mod = relax.transform.BindParams("main", {k: tvm.runtime.tensor(np.asarray(v)) for k, v in params.items()})(mod)
+    for p in mod["main"].params:
+        if not isinstance(p.ty, relax.TensorType):
+            raise OptimizeError(f"input {p.name!r} is a {p.ty}, not a tensor; collage takes tensor inputs")
+        try:
+            static_shape(p.ty)
+        except ValueError as err:
+            raise OptimizeError(f"input {p.name!r}: {err}") from None
+    return mod
+
+
+def _backend_set(backends) -> BackendSet:
+    if backends is None:
+        return default_backends()
+    if isinstance(backends, BackendSet):
+        return backends
+    defaults = default_backends()
+    chosen = []
+    for b in backends:
+        if isinstance(b, Backend):
+            chosen.append(b)
+        else:
+            try:
+                chosen.append(defaults[b])
+            except KeyError as err:
+                raise OptimizeError(err.args[0]) from None
+    return BackendSet(chosen)
+
+
+def _graph(mod: tvm.IRModule) -> DataflowGraph:
+    try:
+        return DataflowGraph(mod["main"])
+    except ValueError:
+        pass
+    try:
+        return DataflowGraph(relax.transform.ConvertToDataflow(min_size=1)(mod)["main"])
+    except ValueError as err:
+        raise OptimizeError(f"main cannot be placed: {err}") from None
+
+
+# -- assembly with its check --
+
+
+def _assemble_and_check(graph, placement: Placement, original, backends, target, seed):
+    """Assemble, compile and compare with the unoptimized module on random inputs. Partitions
+    that fail to compile, or whose kernels disagree with TVM inside the model, fall back to
+    TVM, and the check repeats. Returns the assembly, its VM, the partitions it runs and the
+    fallbacks with their reasons."""
+    arrays = random_inputs(original["main"], seed)
+    device = device_for(target)
+    expected = _to_list(_vm(original, target)["main"](*to_tensors(arrays, device)))
+    partitions = list(placement.partitions)
+    fallbacks: list[tuple[Partition, str]] = []
+    for _ in range(MAX_CHECK_ROUNDS):
+        try:
+            assembly = assemble(graph, partitions, backends, target)
+        except PartitionFailed as failed:
+            fallbacks.append((failed.partition, failed.reason))
+            partitions = _fall_back(graph, partitions, [failed.partition])
+            continue
+        vm = _vm(assembly.module, target)
+        problem = mismatch(_to_list(vm["main"](*to_tensors(arrays, device))), expected, rtol=END_TO_END_RTOL)
+        if problem is None:
+            return assembly, vm, partitions, fallbacks
+        culprits = _culprits(graph, assembly, arrays, target) or [p for p, _, _ in assembly.kernels]
+        fallbacks += [(p, f"wrong inside the assembled model ({problem})") for p in culprits]
+        partitions = _fall_back(graph, partitions, culprits)
+    raise OptimizeError(f"the assembled module still disagrees with the unoptimized one: {problem}")
+
+
+def _fall_back(graph, partitions, failing) -> list[Partition]:
+    """``failing`` partitions replaced by their ops, one by one on TVM (inline, so TVM's own
+    fusion regroups them)."""
+    out = []
+    for p in partitions:
+        if any(p is f for f in failing):
+            out += [
+                Partition(Candidate(SubGraph(graph, frozenset({i})), "tvm", "tvm.fallback"), Cost.unknown())
+                for i in sorted(p.nodes)
+            ]
+        else:
+            out.append(p)
+    return out
+
+
+def _culprits(graph, assembly, arrays, target) -> list[Partition]:
+    """The partitions outside TVM whose kernels, fed TVM's values for their inputs, disagree
+    with TVM's values for their outputs."""
+    needed = sorted({i for p, _, _ in assembly.kernels for i in (*p.candidate.subgraph.input_nodes, *p.candidate.subgraph.outputs)})
+    on_tvm = [Partition(Candidate(SubGraph(graph, frozenset({i})), "tvm", "tvm.reference"), Cost.unknown()) for i in range(len(graph))]
+    probe = assemble(graph, on_tvm, BackendSet(), target, returns=needed).module
+    values = dict(zip(needed, _to_list(_vm(probe, target)["main"](*to_tensors(arrays, device_for(target))))))
+    params = {p: a for p, a in zip(graph.func.params, arrays)}
+    culprits = []
+    for part, _, kernel in assembly.kernels:
+        sub = part.candidate.subgraph
+        feed = [params[v] if v in params else values[graph.index_of_var[v]] for v in sub.arguments()]
+        try:
+            got = run_kernel(kernel, sub.extract(), feed, device_for(target))
+        except Exception:  # a kernel that raises inside the model is as wrong as a wrong one
+            culprits.append(part)
+            continue
+        if mismatch(got, [values[i] for i in sub.outputs]) is not None:
+            culprits.append(part)
+    return culprits
+
+
+# -- running --
+
+
+def _vm(mod: tvm.IRModule, target: str) -> relax.VirtualMachine:
+    return relax.VirtualMachine(tvm.compile(mod, target=target), device_for(target))
+
+
+def _to_list(result) -> list[np.ndarray]:
+    if isinstance(result, tvm.runtime.Tensor):
+        return [result.numpy()]
+    return [r.numpy() for r in result]
+
+
+def _to_numpy(result):
+    if isinstance(result, tvm.runtime.Tensor):
+        return result.numpy()
+    return tuple(_to_numpy(r) for r in result)

@@ -1,0 +1,116 @@
+"""Assembly: a placement becomes one Relax module that the Relax VM runs.
+
+Each partition becomes one call in a new ``main``, in the placement's order:
+
+- a ``tvm`` partition of several ops becomes a private function marked ``Primitive``, which
+  TVM's default pipeline legalizes and fuses into one kernel (FuseTIR), exactly the group the
+  placement chose; a single op stays inline, where TVM's own FuseOps may still fuse it;
+- a partition of any other backend is compiled by that backend (with its own weights) into a
+  kernel, registered as a global function, and called with ``call_dps_packed``: the VM
+  allocates the outputs and passes every tensor to the kernel by DLPack, without a copy.
+
+``assemble`` returns the module and the kernels it calls; the kernels stay registered while
+the returned ``Assembly`` lives.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from .backend import BackendSet
+from .graph import DataflowGraph
+from .placement import Partition
+from .subgraph import Remap
+
+REFERENCE_BACKEND = "tvm"
+_assembly_ids = itertools.count()
+
+
+@dataclass
+class Assembly:
+    """The assembled module and, for each partition outside TVM, the name its kernel is
+    registered under. The names are unregistered when the Assembly is collected, so the
+    libraries' sessions do not outlive their module."""
+
+    module: tvm.IRModule
+    kernels: list[tuple[Partition, str, object]] = field(default_factory=list)  # (partition, name, kernel)
+
+    def __post_init__(self):
+        weakref.finalize(self, _unregister, [name for _, name, _ in self.kernels])
+
+
+def _unregister(names: list[str]) -> None:
+    for name in names:
+        tvm_ffi.remove_global_func(name)
+
+
+class PartitionFailed(Exception):
+    """A backend could not compile one partition of the placement."""
+
+    def __init__(self, partition: Partition, reason: str):
+        super().__init__(f"{partition}: {reason}")
+        self.partition, self.reason = partition, reason
+
+
+def assemble(
+    graph: DataflowGraph,
+    partitions: list[Partition] | tuple[Partition, ...],
+    backends: BackendSet,
+    target: str = "llvm",
+    returns: list[int] | None = None,
+) -> Assembly:
+    """The module running ``partitions`` (which cover ``graph`` and are in an order that
+    runs). ``returns`` makes ``main`` return those nodes' values instead of the graph's result
+    (to read intermediate values). Raises ``PartitionFailed`` when a backend cannot compile
+    its partition."""
+    func = graph.func
+    prefix = f"collage_{next(_assembly_ids)}"
+    bb = relax.BlockBuilder()
+    remap = Remap({})  # old var -> new expr
+    kernels = []
+    with bb.function("main", list(func.params), dict(func.attrs) if func.attrs else None):
+        with bb.dataflow():
+            for k, part in enumerate(partitions):
+                sub = part.candidate.subgraph
+                if part.backend == REFERENCE_BACKEND and len(sub) == 1:
+                    node = graph[next(iter(sub.nodes))]
+                    remap.mapping[node.var] = bb.emit(remap.visit_expr(node.value))
+                    continue
+                if part.backend == REFERENCE_BACKEND:
+                    callee = sub.extract(lift_constants=True).without_attr("global_symbol").with_attr("Primitive", True)
+                    gv = bb.add_func(callee, f"{prefix}_{k}_tvm")
+                    args = [remap.visit_expr(a) for a in sub.arguments(lift_constants=True)]
+                    result = bb.emit(relax.Call(gv, args))
+                else:
+                    name = f"{prefix}.{k}.{part.backend}"
+                    kernel = _compile(part, backends, target)
+                    kernels.append((part, name, kernel))
+                    tvm.register_global_func(name, kernel, override=True)
+                    args = [remap.visit_expr(a) for a in sub.arguments(lift_constants=False)]
+                    out_ty = [graph[i].ty for i in sub.outputs]
+                    result = bb.emit(
+                        relax.call_dps_packed(name, relax.Tuple(args), out_ty=out_ty if len(out_ty) > 1 else out_ty[0])
+                    )
+                if len(sub.outputs) == 1:
+                    remap.mapping[graph[sub.outputs[0]].var] = result
+                else:
+                    for j, i in enumerate(sub.outputs):
+                        remap.mapping[graph[i].var] = bb.emit(relax.TupleGetItem(result, j))
+            value = graph.result if returns is None else relax.Tuple([graph[i].var for i in returns])
+            out = bb.emit_output(remap.visit_expr(value))
+        bb.emit_func_output(out)
+    return Assembly(bb.get(), kernels)
+
+
+def _compile(part: Partition, backends: BackendSet, target: str):
+    try:
+        return backends[part.backend].compile(part.candidate.subgraph.extract(), part.pattern, target)
+    except Exception as err:  # excluded with its reason; the caller falls it back to TVM
+        text = str(err).strip().splitlines()
+        raise PartitionFailed(part, f"compile failed: {type(err).__name__}: {text[0] if text else ''}") from err

@@ -1,0 +1,77 @@
+"""The readable report of an optimized module: what runs where, and what it costs."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+MAX_OPS_SHOWN = 4
+
+
+def short_op(op: str) -> str:
+    return op.removeprefix("relax.").removeprefix("nn.")
+
+
+def ops_text(ops: list[str]) -> str:
+    shown = ", ".join(short_op(op) for op in ops[:MAX_OPS_SHOWN])
+    return shown + (f", ... ({len(ops)} ops)" if len(ops) > MAX_OPS_SHOWN else "")
+
+
+def format_report(opt) -> str:
+    """Partitions, each backend's share of the estimated time, estimated vs measured end to
+    end, what simplification did, and what was left out and why."""
+    parts = opt.placement
+    lines = [
+        (
+            f"collage placement: {len(parts)} partitions over {sum(len(p.nodes) for p in parts)} operators, "
+            f"target {opt.target}, {opt.threads} thread(s)"
+        ),
+        "",
+        f"{'#':>3}  {'backend':<12} {'pattern':<26} {'ms':>9}  ops",
+    ]
+    for k, p in enumerate(parts):
+        cost = "-" if math.isnan(p.cost_ms) else f"{p.cost_ms:9.4f}"
+        lines.append(f"{k:>3}  {p.backend:<12} {p.pattern:<26} {cost:>9}  {ops_text(p.ops)}")
+
+    share = defaultdict(lambda: [0, 0, 0.0])  # backend -> partitions, ops, ms
+    for p in parts:
+        share[p.backend][0] += 1
+        share[p.backend][1] += len(p.nodes)
+        if not math.isnan(p.cost_ms):
+            share[p.backend][2] += p.cost_ms
+    total = sum(ms for _, _, ms in share.values()) or 1.0
+    lines += ["", "time by backend (estimated):", f"  {'backend':<12} {'partitions':>10} {'ops':>5} {'ms':>9} {'share':>6}"]
+    for backend, (n, ops, ms) in sorted(share.items(), key=lambda kv: -kv[1][2]):
+        lines.append(f"  {backend:<12} {n:>10} {ops:>5} {ms:9.3f} {ms / total:6.1%}")
+
+    m = opt.measured
+    lines += [
+        "",
+        (
+            f"end to end: estimated {opt.estimated_ms:.3f} ms (sum of measured kernels and transitions), "
+            f"measured {m.median_ms:.3f} ms ± {m.spread_ms:.2g} (median of {m.samples})"
+        ),
+    ]
+    s = opt.stats
+    if s:
+        lines.append(
+            f"optimization: {s.get('candidates', 0)} candidates ({s.get('distinct', 0)} distinct), "
+            f"{s.get('measured', 0)} measured now, the rest from the cost log; {s.get('total_s', 0):.1f} s in all "
+            f"(measuring {s.get('measure_s', 0):.1f} s, placing {s.get('place_s', 0):.1f} s, "
+            f"assembling and checking {s.get('assemble_s', 0):.1f} s)"
+            + ("" if s.get("exact", True) else "; placement searched at the lowest frontier node only (state cap)")
+        )
+    if opt.fallbacks:
+        lines += ["", "fell back to tvm:"]
+        lines += [f"  {p.backend} {p.pattern} [{ops_text(p.ops)}]: {reason}" for p, reason in opt.fallbacks]
+    if opt.excluded:
+        lines += ["", "backends not used:"]
+        lines += [f"  {name}: {reason}" for name, reason in sorted(opt.excluded.items())]
+    if opt.simplified is not None:
+        fired = [f"{s.name} x{s.applied}" for s in opt.simplified.steps if s.applied]
+        lines += [
+            "",
+            f"simplified first: ops {opt.simplified.ops_before} -> {opt.simplified.ops_after}"
+            + (f" ({', '.join(fired)})" if fired else ""),
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""Small NumPy backends for testing the measurer and optimize: one that is right, and ones
+that fail in each way a real library can (compile error, run error, wrong values)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from tvm import relax
+
+from collage.backend import OP_LEVEL, Backend, Unsupported
+from collage.pattern import PatternRule
+
+ELEMENTWISE = {"relax.nn.relu": lambda x: np.maximum(x, 0), "relax.exp": np.exp, "relax.sigmoid": lambda x: 0.5 * (1 + np.tanh(x / 2))}
+
+
+def _one_elementwise_op(graph, node):
+    return node.op in ELEMENTWISE
+
+
+def _chain(group, node):
+    return True
+
+
+def compile_elementwise(func, pattern, target):
+    """A chain of unary element-wise ops, run by NumPy on the caller's buffers."""
+    ops = []
+    for binding in func.body.blocks[0].bindings:
+        if isinstance(binding.value, relax.Var):  # the output binding
+            continue
+        name = binding.value.op.name
+        if name not in ELEMENTWISE:
+            raise Unsupported(f"no NumPy kernel for {name}")
+        ops.append(ELEMENTWISE[name])
+
+    def kernel(x, out):
+        value = np.from_dlpack(x)
+        for op in ops:
+            value = op(value)
+        np.copyto(np.from_dlpack(out), value)
+
+    return kernel
+
+
+NUMPY = Backend(
+    name="numpy",
+    kind=OP_LEVEL,
+    targets=("llvm",),
+    compile=compile_elementwise,
+    rules=(PatternRule("numpy.chain", _one_elementwise_op, _chain, max_size=3),),
+    library=f"NumPy {np.__version__}",
+)
+
+
+def _cannot_compile(func, pattern, target):
+    raise RuntimeError("the library crashed while compiling\nsecond line")
+
+
+def _raises_when_run(func, pattern, target):
+    def kernel(*tensors):
+        raise MemoryError("out of scratch space")
+
+    return kernel
+
+
+def _wrong(func, pattern, target):
+    right = compile_elementwise(func, pattern, target)
+
+    def kernel(x, out):
+        right(x, out)
+        np.from_dlpack(out)[...] += 1.0
+
+    return kernel
+
+
+def variant(name: str, compile) -> Backend:
+    rule = PatternRule(f"{name}.chain", _one_elementwise_op, _chain, max_size=3)
+    return dataclasses.replace(NUMPY, name=name, compile=compile, rules=(rule,))
+
+
+CANNOT_COMPILE = variant("cannot_compile", _cannot_compile)
+RAISES_WHEN_RUN = variant("raises_when_run", _raises_when_run)
+WRONG = variant("wrong", _wrong)
+
+
+class RightOnlyWhenMeasured:
+    """Each sub-graph's first kernel is right, later ones are wrong: a library that passes the
+    measurer's check and then misbehaves inside the model (what the end-to-end check is for)."""
+
+    def __init__(self):
+        self.seen = set()
+        self.backend = variant("flaky", self.compile)
+
+    def compile(self, func, pattern, target):
+        text = func.script()
+        first = text not in self.seen
+        self.seen.add(text)
+        return (compile_elementwise if first else _wrong)(func, pattern, target)

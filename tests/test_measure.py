@@ -1,0 +1,106 @@
+"""The measurer: timing statistics, failures as invalid costs with reasons, and the cost log."""
+
+import math
+import time
+
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from collage.backend import BackendSet, default_backends
+from collage.candidates import generate
+from collage.cost import Cost
+from collage.cost_log import CostLog
+from collage.graph import DataflowGraph
+from collage.measure import Measurer, Timing, measure_transition, time_call
+from tests.backends_for_tests import CANNOT_COMPILE, NUMPY, RAISES_WHEN_RUN, WRONG
+
+FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.2, budget_s=0.2)
+
+
+# fmt: off
+@I.ir_module
+class Unary:
+    @R.function
+    def main(x: R.Tensor((64, 64), "float32")):
+        with R.dataflow():
+            a = R.exp(x)
+            b = R.nn.relu(a)
+            c = R.sigmoid(b)
+            R.output(c)
+        return c
+# fmt: on
+
+
+def test_time_call_reports_median_spread_and_samples():
+    cost = time_call(lambda: time.sleep(0.002), Timing(min_samples=5, max_samples=9, budget_s=1.0))
+    assert cost.is_valid and 5 <= cost.samples <= 9
+    assert 2.0 <= cost.median_ms < 20.0
+    assert 0.0 <= cost.spread_ms < cost.median_ms
+
+
+def test_time_call_stops_at_its_budget():
+    start = time.perf_counter()
+    cost = time_call(lambda: time.sleep(0.01), Timing(min_samples=3, max_samples=1000, rel_spread=0.0, budget_s=0.1))
+    assert cost.samples >= 3 and time.perf_counter() - start < 1.0
+
+
+def measurer(tmp_path, *backends, **kw):
+    bs = BackendSet([default_backends()["tvm"], *backends])
+    return Measurer(bs, threads=2, log=CostLog(tmp_path / "costs.sqlite"), timing=FAST, **kw)
+
+
+def test_every_candidate_gets_a_cost_and_failures_say_why(tmp_path):
+    graph = DataflowGraph.from_module(Unary)
+    m = measurer(tmp_path, NUMPY, CANNOT_COMPILE, RAISES_WHEN_RUN, WRONG)
+    candidates = generate(graph, m.backends)
+    m.measure_all(candidates, progress=False)
+    by_backend = {}
+    for c in candidates:
+        by_backend.setdefault(c.backend, []).append(m.cost(c))
+    assert all(c.is_valid and c.median_ms > 0 for c in by_backend["tvm"] + by_backend["numpy"])
+    assert {c.reason for c in by_backend["cannot_compile"]} == {
+        "compile failed: RuntimeError: the library crashed while compiling"
+    }
+    assert {c.reason for c in by_backend["raises_when_run"]} == {"run failed: MemoryError: out of scratch space"}
+    assert all(c.reason.startswith("wrong result: output 0: max |diff|") for c in by_backend["wrong"])
+
+
+def test_a_second_run_measures_nothing(tmp_path):
+    graph = DataflowGraph.from_module(Unary)
+    first = measurer(tmp_path, NUMPY)
+    candidates = generate(graph, first.backends)
+    first.measure_all(candidates, progress=False)
+    assert first.measured == len({first.key(c) for c in candidates}) > 0
+    again = measurer(tmp_path, NUMPY)
+    again.measure_all(candidates, progress=False)
+    assert again.measured == 0
+    assert [again.cost(c) for c in candidates] == [first.cost(c) for c in candidates]
+    assert again.measured == 0
+
+
+def test_log_rows_carry_device_threads_and_library(tmp_path):
+    graph = DataflowGraph.from_module(Unary)
+    m = measurer(tmp_path, NUMPY)
+    c = next(c for c in generate(graph, m.backends) if c.backend == "numpy")
+    m.cost(c)
+    key = m.key(c)
+    assert key.threads == 2 and key.device == m.device.name and key.library.startswith("NumPy")
+    assert CostLog(tmp_path / "costs.sqlite").get(key) == m.cost(c)
+
+
+def test_unavailable_backend_is_invalid_not_an_error(tmp_path):
+    graph = DataflowGraph.from_module(Unary)
+    missing = NUMPY.__class__(**{**NUMPY.__dict__, "name": "absent", "requires": ("no_such_module_xyz",)})
+    m = measurer(tmp_path, missing)
+    c = next(c for c in generate(graph, [missing]))
+    assert m.cost(c) == Cost.invalid("missing Python module(s): no_such_module_xyz")
+
+
+def test_transition_cost_is_measured_and_logged(tmp_path):
+    m = measurer(tmp_path, NUMPY)
+    t = m.transition_ms("numpy")
+    assert 0.0 <= t < 1.0 and m.transition_ms("tvm") == 0.0
+    # The second measurer reads it from the log.
+    assert measurer(tmp_path, NUMPY).transition_ms("numpy") == t
+    cost = measure_transition(FAST)
+    assert cost.is_valid and math.isfinite(cost.median_ms)

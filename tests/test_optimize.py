@@ -1,0 +1,170 @@
+"""collage.optimize end to end: placement, assembly, the check with its fallbacks, the API
+and its errors. Small zoo models and small hand-built ones keep it quick."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import collage
+from collage.backend import BackendSet, default_backends
+from collage.measure import Timing
+from experiments import models
+from tests.backends_for_tests import CANNOT_COMPILE, NUMPY, WRONG, RightOnlyWhenMeasured
+
+FAST = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
+
+
+# fmt: off
+@I.ir_module
+class Unary:
+    @R.function
+    def main(x: R.Tensor((64, 64), "float32"), w: R.Tensor((64, 64), "float32")):
+        with R.dataflow():
+            a = R.exp(x)
+            b = R.nn.relu(a)
+            c = R.matmul(b, w)
+            d = R.sigmoid(c)
+            e = R.exp(d)
+            R.output(e)
+        return e
+# fmt: on
+
+
+def backends(*extra):
+    return BackendSet([default_backends()["tvm"], *extra])
+
+
+def run_unoptimized(mod, *arrays):
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    return out.numpy() if isinstance(out, tvm.runtime.Tensor) else tuple(o.numpy() for o in out)
+
+
+def inputs(seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((64, 64)).astype("float32"), rng.standard_normal((64, 64)).astype("float32") / 8
+
+
+def test_placement_runs_and_matches(tmp_path):
+    opt = collage.optimize(Unary, backends=backends(NUMPY), cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
+    x, w = inputs()
+    np.testing.assert_allclose(opt(x, w), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
+    covered = sorted(op for p in opt.placement for op in p.ops)
+    assert covered == sorted(["relax.exp", "relax.nn.relu", "relax.matmul", "relax.sigmoid", "relax.exp"])
+    for p in opt.placement:
+        assert p.backend in ("tvm", "numpy") and p.pattern.startswith(p.backend + ".") and p.cost_ms > 0
+    assert opt.estimated_ms == pytest.approx(sum(p.cost_ms for p in opt.placement))
+    assert opt.measured.is_valid and opt.measured.samples >= 3
+
+
+def test_a_second_optimize_measures_nothing(tmp_path):
+    log = tmp_path / "c.sqlite"
+    first = collage.optimize(Unary, backends=backends(NUMPY), cost_log=log, timing=FAST, progress=False)
+    again = collage.optimize(Unary, backends=backends(NUMPY), cost_log=log, timing=FAST, progress=False)
+    assert first.stats["measured"] > 0 and again.stats["measured"] == 0
+    assert [(p.backend, p.nodes) for p in again.placement] == [(p.backend, p.nodes) for p in first.placement]
+
+
+def test_failing_candidates_are_excluded_not_raised(tmp_path):
+    opt = collage.optimize(
+        Unary, backends=backends(CANNOT_COMPILE, WRONG), cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False
+    )
+    assert {p.backend for p in opt.placement} == {"tvm"}
+    x, w = inputs()
+    np.testing.assert_allclose(opt(x, w), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
+
+
+def test_kernels_wrong_inside_the_model_fall_back_to_tvm(tmp_path):
+    flaky = RightOnlyWhenMeasured()
+    # Priced far below TVM so the placement takes it; its second kernels are wrong.
+    opt = collage.optimize(Unary, backends=backends(flaky.backend), cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
+    assert opt.fallbacks and all(p.backend == "flaky" for p, _ in opt.fallbacks)
+    assert all("wrong inside the assembled model" in reason for _, reason in opt.fallbacks)
+    assert "flaky" not in {p.backend for p in opt.placement}
+    x, w = inputs()
+    np.testing.assert_allclose(opt(x, w), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
+    assert "fell back to tvm" in opt.report()
+
+
+def test_report_names_partitions_shares_and_times(tmp_path):
+    opt = collage.optimize(Unary, backends=backends(NUMPY), cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
+    text = opt.report()
+    for expected in ("partitions over 5 operators", "time by backend", "end to end: estimated", "measured", "simplified first"):
+        assert expected in text
+    for p in opt.placement:
+        assert p.pattern in text
+
+
+def test_params_are_bound_by_name(tmp_path):
+    x, w = inputs()
+    opt = collage.optimize(Unary, backends=backends(NUMPY), cost_log=tmp_path / "c.sqlite", params={"w": w},
+                           timing=FAST, progress=False)
+    np.testing.assert_allclose(opt(x), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda log: collage.optimize("model.onnx", cost_log=log), "takes a Relax tvm.IRModule, not str"),
+        (lambda log: collage.optimize(Unary, target="vulkan", cost_log=log), "unknown target 'vulkan'"),
+        (lambda log: collage.optimize(Unary, backends=["tvm", "nope"], cost_log=log), "unknown backend 'nope'"),
+        (lambda log: collage.optimize(Unary, backends=[NUMPY], cost_log=log), "'tvm' backend must be among"),
+        (lambda log: collage.optimize(Unary, params={"q": np.ones(2)}, cost_log=log), "params name no input of main: q"),
+        (lambda log: collage.optimize(tvm.IRModule(), cost_log=log), "no Relax function named 'main'"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(tmp_path, call, message):
+    with pytest.raises(collage.OptimizeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        call(tmp_path / "c.sqlite")
+
+
+def test_symbolic_shapes_are_refused_with_the_input_named(tmp_path):
+    @I.ir_module
+    class Dynamic:
+        @R.function
+        def main(x: R.Tensor(("n", 4), "float32")):
+            with R.dataflow():
+                y = R.nn.relu(x)
+                R.output(y)
+            return y
+
+    with pytest.raises(collage.OptimizeError, match="input 'x': symbolic shape"):
+        collage.optimize(Dynamic, cost_log=tmp_path / "c.sqlite")
+
+
+def test_calls_check_their_inputs(tmp_path):
+    opt = collage.optimize(Unary, backends=backends(NUMPY), cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
+    with pytest.raises(TypeError, match=r"takes 2 input\(s\) \(x, w\), got 1"):
+        opt(np.ones((64, 64), "float32"))
+    with pytest.raises(ValueError, match=r"input 'x' must be float32\[64, 64\], got float64\[64, 64\]"):
+        opt(np.ones((64, 64)), np.ones((64, 64), "float32"))
+
+
+@pytest.mark.parametrize("name", ["mlp", "squeezenet"])
+def test_zoo_model_on_every_cpu_backend(tmp_path, name):
+    """Every usable backend on a small zoo model: the placement runs and matches torch."""
+    w = models.load(name, small=True)
+    opt = collage.optimize(w.relax, cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
+    got = opt(*[x.numpy() for x in w.inputs])
+    for g, r in zip(got if isinstance(got, tuple) else (got,), w.reference()):
+        assert np.abs(g - r).max() <= 1e-3 * np.abs(r).max()
+    assert len({p.backend for p in opt.placement}) >= 2  # placement mixes backends
+    assert "cudnn" in opt.excluded and "tvm" not in opt.excluded
+
+
+def test_an_operator_no_backend_runs_is_named(tmp_path):
+    @I.ir_module
+    class Unknown:
+        @R.function
+        def main(x: R.Tensor((4,), "float32")):
+            with R.dataflow():
+                y = R.call_pure_packed("no.such.function", x, ty_args=R.Tensor((4,), "float32"))
+                z = R.nn.relu(y)
+                R.output(z)
+            return z
+
+    with pytest.raises(collage.OptimizeError, match=r"no usable candidate on any backend: relax.call_pure_packed \(node 0\)"):
+        collage.optimize(Unknown, backends=["tvm"], cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)

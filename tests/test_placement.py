@@ -1,0 +1,224 @@
+"""The DP placement: exact answers on hand-built graphs, and brute force agrees on random ones."""
+
+import itertools
+import random
+
+import pytest
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from collage.candidates import Candidate
+from collage.cost import Cost
+from collage.graph import DataflowGraph
+from collage.placement import PlacementError, place
+from collage.subgraph import SubGraph
+
+
+class PriceList:
+    """Test-only cost source: a fixed price per (backend, node set); absent means invalid."""
+
+    def __init__(self, prices):
+        self.prices = prices
+        self.calls = 0
+
+    def cost(self, candidate):
+        self.calls += 1
+        price = self.prices.get((candidate.backend, candidate.subgraph.nodes))
+        return Cost.invalid("not on the price list") if price is None else Cost.of(price)
+
+
+def cand(graph, backend, *nodes):
+    return Candidate(SubGraph(graph, frozenset(nodes)), backend, f"{backend}.test")
+
+
+def priced(graph, table):
+    """Candidates and their price list from {(backend, nodes): price}."""
+    candidates = [cand(graph, b, *nodes) for (b, nodes) in table]
+    return candidates, PriceList({(b, frozenset(nodes)): p for (b, nodes), p in table.items()})
+
+
+def chosen(placement):
+    return {(p.backend, p.nodes) for p in placement}
+
+
+# fmt: off
+@I.ir_module
+class Chain:
+    @R.function
+    def main(x: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            a = R.exp(x)       # 0
+            b = R.nn.relu(a)   # 1
+            c = R.exp(b)       # 2
+            d = R.nn.relu(c)   # 3
+            R.output(d)
+        return d
+
+
+@I.ir_module
+class Diamond:
+    @R.function
+    def main(x: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            a = R.exp(x)        # 0
+            b = R.nn.relu(a)    # 1
+            c = R.sigmoid(a)    # 2
+            d = R.add(b, c)     # 3
+            R.output(d)
+        return d
+
+
+@I.ir_module
+class Crossed:
+    """Two chains reading each other: {0, 2} and {1, 3} are each convex, but together
+    each waits for the other, so no order runs them."""
+    @R.function
+    def main(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            a = R.exp(x)        # 0
+            b = R.exp(y)        # 1
+            c = R.add(a, b)     # 2: reads 0 and 1
+            d = R.multiply(b, a)  # 3: reads 1 and 0
+            e = R.add(c, d)     # 4
+            R.output(e)
+        return e
+# fmt: on
+
+
+def test_chain_picks_the_cheapest_cover_with_transitions():
+    g = DataflowGraph.from_module(Chain)
+    table = {("tvm", (i,)): 1.0 for i in range(4)}
+    table[("lib", (0, 1))] = 1.5  # cheaper than 2.0 on tvm, unless entering lib costs more than 0.5
+    table[("lib", (2, 3))] = 1.2
+    candidates, prices = priced(g, table)
+    p = place(g, candidates, prices)
+    assert chosen(p) == {("lib", frozenset({0, 1})), ("lib", frozenset({2, 3}))}
+    assert p.estimated_ms == pytest.approx(2.7)
+    # A transition of 0.6 per lib partition makes {0, 1} on lib (2.1) dearer than on tvm (2.0).
+    p = place(g, candidates, prices, transition_ms=lambda b: 0.6 if b == "lib" else 0.0)
+    assert chosen(p) == {("tvm", frozenset({0})), ("tvm", frozenset({1})), ("lib", frozenset({2, 3}))}
+    assert p.estimated_ms == pytest.approx(3.8)
+    assert [p.transition_ms for p in p.partitions] == [0.0, 0.0, 0.6]
+
+
+def test_partitions_come_in_an_order_that_runs():
+    g = DataflowGraph.from_module(Diamond)
+    table = {("tvm", (i,)): 1.0 for i in range(4)}
+    table[("lib", (0, 2))] = 0.5
+    table[("lib", (1, 3))] = 0.5  # can run only after {0, 2}
+    candidates, prices = priced(g, table)
+    p = place(g, candidates, prices)
+    assert chosen(p) == {("lib", frozenset({0, 2})), ("lib", frozenset({1, 3}))}
+    placed = set()
+    for part in p.partitions:
+        assert part.candidate.subgraph.input_nodes <= placed
+        placed |= part.nodes
+
+
+def test_partitions_waiting_for_each_other_are_never_chosen():
+    g = DataflowGraph.from_module(Crossed)
+    table = {("tvm", (i,)): 1.0 for i in range(5)}
+    table[("lib", (0, 2))] = 0.1
+    table[("lib", (1, 3))] = 0.1
+    candidates, prices = priced(g, table)
+    for c in candidates:
+        assert c.subgraph.is_convex()
+    p = place(g, candidates, prices)
+    # Both lib groups together would cost 1.2 but cannot run; one of them can (3.1).
+    assert p.estimated_ms == pytest.approx(3.1)
+    assert len([part for part in p if part.backend == "lib"]) == 1
+
+
+def test_invalid_candidates_are_left_out_and_uncovered_ops_named():
+    g = DataflowGraph.from_module(Chain)
+    candidates, prices = priced(g, {("tvm", (0,)): 1.0, ("tvm", (1,)): 1.0, ("tvm", (2,)): 1.0})
+    candidates.append(cand(g, "tvm", 3))  # on no price list: invalid
+    with pytest.raises(PlacementError, match=r"relax.nn.relu \(node 3\)"):
+        place(g, candidates, prices)
+
+
+def test_state_cap_switches_to_the_lowest_frontier_search():
+    g = DataflowGraph.from_module(Diamond)
+    table = {("tvm", (i,)): 1.0 for i in range(4)}
+    table[("lib", (1, 3))] = 0.5
+    candidates, prices = priced(g, table)
+    exact = place(g, candidates, prices)
+    capped = place(g, candidates, prices, max_states=1)
+    assert exact.exact and not capped.exact
+    assert exact.estimated_ms == pytest.approx(2.5)  # 0 and 2 on tvm, then {1, 3} on lib
+    # The capped search expands only node 1 after node 0, where {1, 3} is not ready yet:
+    # the case it is documented to miss. It still covers the graph.
+    assert capped.estimated_ms == pytest.approx(4.0)
+    assert sorted(i for part in capped for i in part.nodes) == [0, 1, 2, 3]
+
+
+# -- brute force --
+
+
+def brute_force(graph, candidates, prices, transition):
+    """The cheapest set of disjoint candidates covering the graph that runs in some order."""
+    usable = [c for c in candidates if prices.cost(c).is_valid]
+    best = None
+    everything = frozenset(range(len(graph)))
+    for k in range(1, len(graph) + 1):
+        for combo in itertools.combinations(usable, k):
+            nodes = [c.subgraph.nodes for c in combo]
+            if sum(map(len, nodes)) != len(everything) or frozenset().union(*nodes) != everything:
+                continue
+            if not _runs(combo):
+                continue
+            total = sum(prices.cost(c).value_ms + transition(c.backend) for c in combo)
+            best = total if best is None else min(best, total)
+    return best
+
+
+def _runs(combo) -> bool:
+    placed, left = set(), list(combo)
+    while left:
+        ready = [c for c in left if c.subgraph.input_nodes <= placed]
+        if not ready:
+            return False
+        for c in ready:
+            placed |= c.subgraph.nodes
+            left.remove(c)
+    return True
+
+
+# fmt: off
+@I.ir_module
+class Wide:
+    @R.function
+    def main(x: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            a = R.exp(x)            # 0
+            b = R.nn.relu(a)        # 1
+            c = R.sigmoid(a)        # 2
+            d = R.add(b, c)         # 3
+            e = R.multiply(c, a)    # 4
+            f = R.add(d, e)         # 5
+            R.output(f)
+        return f
+# fmt: on
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("module", [Chain, Diamond, Crossed, Wide], ids=["chain", "diamond", "crossed", "wide"])
+def test_dp_matches_brute_force(module, seed):
+    g = DataflowGraph.from_module(module)
+    rng = random.Random(seed)
+    table = {("tvm", (i,)): rng.uniform(0.5, 2.0) for i in range(len(g))}
+    connected = [
+        nodes
+        for size in (2, 3, 4)
+        for nodes in itertools.combinations(range(len(g)), size)
+        if SubGraph(g, frozenset(nodes)).is_connected() and SubGraph(g, frozenset(nodes)).is_convex()
+    ]
+    for backend in ("lib", "engine"):
+        for nodes in rng.sample(connected, min(len(connected), 6)):
+            table[(backend, nodes)] = rng.uniform(0.3, 3.0)
+    candidates, prices = priced(g, table)
+    transition = {"tvm": 0.0, "lib": 0.05, "engine": rng.uniform(0.0, 0.5)}.get
+    p = place(g, candidates, prices, transition)
+    assert p.estimated_ms == pytest.approx(brute_force(g, candidates, prices, transition))
+    assert sorted(i for part in p for i in part.nodes) == list(range(len(g)))
+    assert _runs([part.candidate for part in p.partitions])
