@@ -40,7 +40,7 @@ class Kernel:
             src.copyto(dst)
 
     def time_ms(self, inputs, timing):
-        from collage.measure import sample_until_stable
+        from collage.timing import sample_until_stable
 
         once = self.vm.time_evaluator("main", self.device, number=1, repeat=max(timing.warmup, 1))(*inputs)
         number = max(1, math.ceil(timing.min_sample_ms / 1e3 / max(once.min, 1e-7)))

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -20,13 +21,14 @@ from .candidates import Candidate, generate
 from .cost import Cost
 from .cost_log import CostLog
 from .graph import DataflowGraph
-from .measure import Measurer, Timing, default_threads, pin_threads, time_call
+from .measure import Measurer, default_threads, pin_threads
 from .placement import Partition, Placement, PlacementError, place
 from .report import format_report
 from .runner import device_for, mismatch, random_inputs, run_kernel, static_shape, to_tensors
 from .simplify import SimplifyReport
 from .simplify import simplify as simplify_module
 from .subgraph import SubGraph
+from .timing import Timing, time_call
 
 TARGETS = ("llvm", "cuda")
 # End to end, rounding differences of the kernels add up along the model: the check allows
@@ -71,6 +73,20 @@ class OptimizedModule:
                 )
             tensors.append(tvm.runtime.tensor(np.ascontiguousarray(array), device_for(self.target)))
         return _to_numpy(self._vm["main"](*tensors))
+
+    @property
+    def main(self):
+        """The assembled ``main`` on the Relax VM, taking ``tvm.runtime.Tensor`` inputs: for
+        callers that convert their inputs once, such as benchmarks."""
+        return self._vm["main"]
+
+    def backend_shares(self) -> dict[str, float]:
+        """Each backend's share of the estimated time (fallbacks, never measured, count zero)."""
+        ms: dict[str, float] = {}
+        for p in self.placement:
+            ms[p.backend] = ms.get(p.backend, 0.0) + (0.0 if math.isnan(p.cost_ms) else p.cost_ms)
+        total = sum(ms.values()) or 1.0
+        return {b: v / total for b, v in sorted(ms.items(), key=lambda kv: -kv[1])}
 
     def report(self) -> str:
         return format_report(self)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from .backend import GRAPH_LEVEL
 from .graph import DataflowGraph
 from .pattern import Pattern, PatternRule
 from .subgraph import SubGraph
@@ -84,8 +85,36 @@ def _neighbours(graph: DataflowGraph, group: SubGraph) -> list[int]:
     return sorted(near - group.nodes)
 
 
+def regions(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
+    """The maximal connected groups of ops the rule accepts, each when it is convex, has a
+    tensor boundary and is larger than what ``grow_rule`` reaches.
+
+    An inference engine optimizes across kernels (memory planning, its own fusions), so the
+    largest region it can take is a candidate too: a placement is then never worse than that
+    engine running all it can, under the measured costs.
+    """
+    valid = [rule.valid_op(graph, node) for node in graph]
+    seen: set[int] = set()
+    for seed in graph:
+        if not valid[seed.index] or seed.index in seen:
+            continue
+        component, todo = {seed.index}, [seed.index]
+        while todo:
+            i = todo.pop()
+            for j in (*graph[i].inputs, *graph.consumers[i]):
+                if valid[j] and j not in component:
+                    component.add(j)
+                    todo.append(j)
+        seen |= component
+        region = SubGraph(graph, frozenset(component))
+        if len(region) > rule.max_size and region.is_convex() and region.has_tensor_boundary():
+            yield region
+
+
 def generate(graph: DataflowGraph, backends: Iterable) -> list[Candidate]:
-    """All candidates of ``backends`` (Backend records) on ``graph``, in a stable order."""
+    """All candidates of ``backends`` (Backend records) on ``graph``, in a stable order:
+    pattern matches, groups grown by rules and, for inference engines (graph-level
+    backends), their rules' largest regions (pattern name ``<backend>.region``)."""
     found: dict[tuple[str, str, frozenset[int]], Candidate] = {}
     for backend in backends:
         for pattern in backend.patterns:
@@ -94,4 +123,8 @@ def generate(graph: DataflowGraph, backends: Iterable) -> list[Candidate]:
         for rule in backend.rules:
             for sub in grow_rule(graph, rule):
                 found.setdefault((backend.name, rule.name, sub.nodes), Candidate(sub, backend.name, rule.name))
+            if backend.kind == GRAPH_LEVEL:
+                name = f"{backend.name}.region"
+                for sub in regions(graph, rule):
+                    found.setdefault((backend.name, name, sub.nodes), Candidate(sub, backend.name, name))
     return sorted(found.values(), key=lambda c: (min(c.subgraph.nodes), c.backend, c.pattern, sorted(c.subgraph.nodes)))

@@ -10,91 +10,27 @@ raised to the caller.
 Costs go to the ``CostLog`` under (backend, library version, structural key, device, threads,
 precision, pattern), so a second run over the same model measures nothing.
 
-The transition cost is measured here too: what it takes the Relax VM to hand control to a
-kernel outside TVM (``call_dps_packed`` into a Python function) and back, beyond running a
-TVM kernel in its place. It is paid once per partition that is not on ``tvm``.
+The measurer also serves each backend's transition cost (``transition.py``), logged the same way.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 import numpy as np
-import tvm
-from tvm import relax
 
 from .backend import BackendSet, Unsupported
 from .candidates import Candidate
 from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
 from .runner import device_for, empty_outputs, first_line, mismatch, random_inputs, run_reference, to_tensors
+from .timing import Timing, time_call
+from .transition import measure_transition
 
 REFERENCE_BACKEND = "tvm"  # its kernels are TVM's default pipeline: their outputs are the reference
 TRANSITION = "transition"  # the pattern name of the transition-cost row in the log
-
-
-@dataclass(frozen=True)
-class Timing:
-    """How long to time one candidate.
-
-    A sample is ``number`` back-to-back calls, with ``number`` chosen so a sample lasts at least
-    ``min_sample_ms`` (the timer's resolution and Python's call overhead wash out). Sampling
-    stops once ``min_samples`` are in and their interquartile range is within ``rel_spread``
-    of the median, or at ``max_samples``, or when ``budget_s`` is spent (with at least
-    ``min_samples``): a 50 ms TVM convolution needs fewer samples than a 5 µs add to be known.
-    """
-
-    warmup: int = 1
-    min_samples: int = 5
-    max_samples: int = 30
-    rel_spread: float = 0.05
-    min_sample_ms: float = 1.0
-    budget_s: float = 2.0
-
-
-def time_call(call: Callable[[], None], timing: Timing = Timing()) -> Cost:
-    """Median and interquartile range, in ms, of one ``call()``."""
-    start = time.perf_counter()
-    for _ in range(timing.warmup):
-        call()
-    once = max((time.perf_counter() - start) / max(timing.warmup, 1), 1e-7)
-    number = max(1, math.ceil(timing.min_sample_ms / 1e3 / once))
-
-    def sample() -> float:
-        t0 = time.perf_counter()
-        for _ in range(number):
-            call()
-        return (time.perf_counter() - t0) * 1e3 / number
-
-    return sample_until_stable(sample, timing)
-
-
-def sample_until_stable(sample: Callable[[], float], timing: Timing = Timing()) -> Cost:
-    """Take samples (each ``sample()`` returns ms per call) as ``timing`` says; warm-up is the
-    caller's."""
-    deadline = time.perf_counter() + timing.budget_s
-    samples: list[float] = []
-    while len(samples) < timing.max_samples:
-        samples.append(sample())
-        if len(samples) >= timing.min_samples:
-            median, spread = _median_and_iqr(samples)
-            if spread <= timing.rel_spread * median or time.perf_counter() > deadline:
-                break
-    median, spread = _median_and_iqr(samples)
-    return Cost.of(median, spread=spread, samples=len(samples))
-
-
-def _median_and_iqr(samples: list[float]) -> tuple[float, float]:
-    if len(samples) < 2:
-        return samples[0], 0.0
-    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-    return statistics.median(samples), q3 - q1
 
 
 def pin_threads(threads: int) -> None:
@@ -138,7 +74,7 @@ class Measurer:
         self.measured = 0
         self._costs: dict[LogKey, Cost] = {}
         self._references: dict[frozenset[int], list[np.ndarray]] = {}
-        self._transition_ms: float | None = None
+        self._transitions: dict[str, float] = {}
 
     # -- CostSource --
 
@@ -152,18 +88,19 @@ class Measurer:
         return cost
 
     def transition_ms(self, backend: str) -> float:
-        """What entering a partition of ``backend`` costs beyond its kernel: zero for ``tvm``,
-        whose kernels the VM calls directly, else the measured ``call_dps_packed`` round trip."""
+        """What entering a partition of ``backend`` costs beyond its kernel (``transition.py``),
+        measured once per backend and device and logged."""
         if backend == REFERENCE_BACKEND:
             return 0.0
-        if self._transition_ms is None:
-            key = LogKey("call_dps_packed", f"Apache TVM {tvm.__version__}", "python-kernel",
-                         self.device.name, self.device.threads, self.precision, TRANSITION)
+        if backend not in self._transitions:
+            b = self.backends[backend]
+            key = LogKey(b.name, b.library, TRANSITION, self.device.name, self.device.threads, self.precision, TRANSITION)
             cost = self.log.get(key)
             if cost is None:
-                cost = self.log.put(key, measure_transition(self.timing))
-            self._transition_ms = cost.value_ms
-        return self._transition_ms
+                cost = self.log.put(key, measure_transition(b, self.target, self.timing))
+            # A backend that runs no probe pays no measured transition rather than none at all.
+            self._transitions[backend] = cost.value_ms if cost.is_valid else 0.0
+        return self._transitions[backend]
 
     def key(self, candidate: Candidate) -> LogKey:
         return LogKey.of(candidate, self.backends[candidate.backend], self.device, self.precision)
@@ -240,36 +177,3 @@ class Measurer:
 def default_threads() -> int:
     """The cores this process may run on (2 on the development machines)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def measure_transition(timing: Timing = Timing(), calls: int = 16) -> Cost:
-    """The Relax VM's cost of calling out to a Python kernel and back, per call: a chain of
-    ``calls`` small TVM ops with a no-op ``call_dps_packed`` after each, minus the same chain
-    without them."""
-    name = "collage.measure.noop"
-    tvm.register_global_func(name, lambda *tensors: None, override=True)
-    ty = relax.TensorType((1, 16), "float32")
-
-    def chain(with_calls: bool):
-        x = relax.Var("x", ty)
-        bb = relax.BlockBuilder()
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                v = x
-                for _ in range(calls):
-                    v = bb.emit(relax.op.add(v, v))
-                    if with_calls:
-                        v = bb.emit(relax.call_dps_packed(name, relax.Tuple([v]), out_ty=ty))
-                out = bb.emit_output(v)
-            bb.emit_func_output(out)
-        vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
-        arg = tvm.runtime.tensor(np.ones((1, 16), "float32"))
-        return lambda: vm["main"](arg)
-
-    plain, called = chain(False), chain(True)
-    # Interleaved, so that a load change on the machine hits both the same way.
-    deltas = []
-    for _ in range(timing.min_samples):
-        deltas.append(time_call(called, timing).value_ms - time_call(plain, timing).value_ms)
-    per_call = max(statistics.median(deltas), 0.0) / calls
-    return Cost.of(per_call, spread=_median_and_iqr(deltas)[1] / calls, samples=len(deltas))

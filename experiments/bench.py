@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import statistics
@@ -219,7 +220,7 @@ def measure_model(
     samples, run_errors = time_in_rounds(prepared, settings)
     entry["meta"]["busy_cores_by_others"] = busy_cores_by_others(before, cpu_seconds())
     for peer, p in prepared.items():
-        common = {"prepare_s": round(p.prepare_s, 2), "max_rel_err": p.max_rel_err}
+        common = {"prepare_s": round(p.prepare_s, 2), "max_rel_err": p.max_rel_err, **p.runner.info}
         if peer in run_errors:
             records[peer] = {**failed_record(run_errors[peer]), **common}
         else:
@@ -302,6 +303,28 @@ def update_results(path: Path, entries: dict[str, dict]) -> dict:
 # --------------------------------------------------------------------------- table
 
 
+def speedups(results: dict[str, dict], ours: str = "collage") -> dict[str, tuple[float, str]]:
+    """Per model: the best other peer's median over ours, and that peer's name (models where
+    either is missing, failed or wrong are left out)."""
+    out = {}
+    for name, entry in results.items():
+        correct = {
+            peer: r["median_ms"]
+            for peer, r in entry["peers"].items()
+            if r["error"] is None and r["max_rel_err"] <= MAX_REL_ERR
+        }
+        others = {peer: ms for peer, ms in correct.items() if peer != ours}
+        if ours in correct and others:
+            best = min(others, key=others.get)
+            out[name] = (others[best] / correct[ours], best)
+    return out
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
 def format_table(results: dict[str, dict]) -> str:
     """One row per model, one column per peer. The fastest correct peer of a row gets a '*',
     a peer whose outputs are off by more than MAX_REL_ERR a '!'; failures are explained below."""
@@ -334,6 +357,14 @@ def format_table(results: dict[str, dict]) -> str:
         busy = entry["meta"].get("busy_cores_by_others")
         if busy is not None and busy > BUSY_MACHINE_CORES:
             notes.append(f"  {name}: other processes kept {busy:.1f} cores busy during its timing")
+
+    ratios = speedups(results)
+    if ratios:  # collage's speed-up over the best single peer, per model
+        header.append("collage vs best")
+        for name, row in zip(results, rows):
+            ratio, best = ratios.get(name, (None, None))
+            row.append(f"{ratio:.2f}x ({best})" if ratio else "-")
+        notes.append(f"  geo-mean speed-up of collage over the best peer: {geomean(r for r, _ in ratios.values()):.2f}x")
 
     widths = [max(len(line[i]) for line in [header] + rows) for i in range(len(header))]
 

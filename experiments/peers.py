@@ -13,7 +13,7 @@ run first.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -41,6 +41,7 @@ class Runner:
 
     run: Callable[[], Any]
     to_numpy: Callable[[Any], list[np.ndarray]]
+    info: dict = field(default_factory=dict)  # what the peer decided while preparing, for the results
 
 
 def prepare_torch(w: Workload, threads: int) -> Runner:
@@ -140,10 +141,36 @@ def prepare_tvm(w: Workload, threads: int) -> Runner:
 
 PrepareFn = Callable[[Workload, int], Runner]
 
+def prepare_collage(w: Workload, threads: int) -> Runner:
+    """Collage itself: ``collage.optimize`` on the Relax module, with every usable backend.
+    Costs come from the cost log (``$COLLAGE_COST_LOG``, else ``~/.cache/collage``), so only
+    the first run of a model measures its candidates. Prints the placement report."""
+    import tvm
+
+    import collage
+
+    opt = collage.optimize(w.relax, threads=threads)
+    print(opt.report(), flush=True)
+    inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
+
+    def to_numpy(out):
+        return [out.numpy()] if hasattr(out, "numpy") else [t.numpy() for t in out]
+
+    info = {
+        "estimated_ms": round(opt.estimated_ms, 4),
+        "partitions": len(opt.placement),
+        "backend_shares": {b: round(share, 4) for b, share in opt.backend_shares().items()},
+        "optimize_s": round(opt.stats["total_s"], 1),
+        "measured_candidates": opt.stats["measured"],
+    }
+    return Runner(lambda: opt.main(*inputs), to_numpy, info)
+
+
 PEERS: dict[str, PrepareFn] = {
     "torch": prepare_torch,
     "torch.compile": prepare_torch_compile,
     "onnxruntime": prepare_onnxruntime,
     "openvino": prepare_openvino,
     "tvm": prepare_tvm,
+    "collage": prepare_collage,
 }

@@ -3,6 +3,8 @@ in the JSON file and the chart, and a peer that fails is recorded without stoppi
 
 import json
 
+import pytest
+
 from experiments import bench, peers
 
 # A warm-up of exactly two calls, so that a test peer knows which of its calls opens the rounds.
@@ -27,6 +29,22 @@ def test_every_peer_runs_the_mlp(tmp_path):
         assert name in table
     assert json.loads(out.read_text())["mlp"]["peers"] == records
     assert png.stat().st_size > 0
+    # Collage records its placement and gets its speed-up over the best other peer.
+    assert sum(records["collage"]["backend_shares"].values()) == pytest.approx(1.0)
+    assert "collage vs best" in table and "geo-mean speed-up of collage over the best peer" in table
+
+
+def test_speedup_is_over_the_best_correct_peer():
+    def rec(ms, err=0.0):
+        return {"median_ms": ms, "error": None, "max_rel_err": err}
+
+    results = {
+        "a": {"peers": {"torch": rec(4.0), "onnxruntime": rec(2.0), "collage": rec(1.0)}},
+        "b": {"peers": {"torch": rec(1.0, err=1.0), "openvino": rec(8.0), "collage": rec(2.0)}},  # torch is wrong
+        "c": {"peers": {"torch": rec(1.0)}},
+    }
+    assert bench.speedups(results) == {"a": (2.0, "onnxruntime"), "b": (4.0, "openvino")}
+    assert bench.geomean(r for r, _ in bench.speedups(results).values()) == pytest.approx(8 ** 0.5)
 
 
 def raises_after_preparing(prepare_fn):

@@ -9,7 +9,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from collage.backend import GRAPH_LEVEL, OP_LEVEL, Backend, BackendSet
-from collage.candidates import generate, grow_rule, match_pattern
+from collage.candidates import generate, grow_rule, match_pattern, regions
 from collage.graph import DataflowGraph
 from collage.pattern import Pattern, PatternRule
 from collage.subgraph import SubGraph
@@ -203,6 +203,18 @@ def test_valid_op_limits_the_rule():
     g = DataflowGraph.from_module(Diamond)
     no_exp = PatternRule("test.no_exp", lambda graph, n: n.op != "relax.exp", anchor_then_elementwise)
     assert sets(grow_rule(g, no_exp)) == {S(0), S(0, 1), S(1), S(3), S(1, 3)}
+
+
+def test_engine_regions_are_the_largest_groups_it_accepts():
+    g = DataflowGraph.from_module(Chain)  # exp, relu, negative, sigmoid, tanh
+    pairs = PatternRule("test.pairs", lambda graph, n: n.op != "relax.sigmoid", anchor_then_elementwise, max_size=2)
+    # Sigmoid (3) splits the chain: {0, 1, 2} is larger than the rule grows; {4} is not.
+    assert sets(regions(g, pairs)) == {S(0, 1, 2)}
+    engine = Backend("engine", GRAPH_LEVEL, ("llvm",), compile=None, rules=(pairs,))
+    library = Backend("library", OP_LEVEL, ("llvm",), compile=None, rules=(pairs,))
+    found = {(c.backend, c.pattern, c.subgraph.nodes) for c in generate(g, [engine, library])}
+    assert ("engine", "engine.region", S(0, 1, 2)) in found
+    assert not any(pattern.endswith(".region") for backend, pattern, _ in found if backend == "library")
 
 
 # ------------------------------------------------------------------ explicit patterns

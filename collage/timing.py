@@ -1,0 +1,69 @@
+"""Timing a call: warm-up, then samples until their spread is small or a cap is reached."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .cost import Cost
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long to time one candidate.
+
+    A sample is ``number`` back-to-back calls, with ``number`` chosen so a sample lasts at least
+    ``min_sample_ms`` (the timer's resolution and Python's call overhead wash out). Sampling
+    stops once ``min_samples`` are in and their interquartile range is within ``rel_spread``
+    of the median, or at ``max_samples``, or when ``budget_s`` is spent (with at least
+    ``min_samples``): a 50 ms TVM convolution needs fewer samples than a 5 µs add to be known.
+    """
+
+    warmup: int = 1
+    min_samples: int = 5
+    max_samples: int = 30
+    rel_spread: float = 0.05
+    min_sample_ms: float = 1.0
+    budget_s: float = 2.0
+
+
+def time_call(call: Callable[[], None], timing: Timing = Timing()) -> Cost:
+    """Median and interquartile range, in ms, of one ``call()``."""
+    start = time.perf_counter()
+    for _ in range(timing.warmup):
+        call()
+    once = max((time.perf_counter() - start) / max(timing.warmup, 1), 1e-7)
+    number = max(1, math.ceil(timing.min_sample_ms / 1e3 / once))
+
+    def sample() -> float:
+        t0 = time.perf_counter()
+        for _ in range(number):
+            call()
+        return (time.perf_counter() - t0) * 1e3 / number
+
+    return sample_until_stable(sample, timing)
+
+
+def sample_until_stable(sample: Callable[[], float], timing: Timing = Timing()) -> Cost:
+    """Take samples (each ``sample()`` returns ms per call) as ``timing`` says; warm-up is the
+    caller's."""
+    deadline = time.perf_counter() + timing.budget_s
+    samples: list[float] = []
+    while len(samples) < timing.max_samples:
+        samples.append(sample())
+        if len(samples) >= timing.min_samples:
+            median, spread = median_and_iqr(samples)
+            if spread <= timing.rel_spread * median or time.perf_counter() > deadline:
+                break
+    median, spread = median_and_iqr(samples)
+    return Cost.of(median, spread=spread, samples=len(samples))
+
+
+def median_and_iqr(samples: list[float]) -> tuple[float, float]:
+    if len(samples) < 2:
+        return samples[0], 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return statistics.median(samples), q3 - q1
