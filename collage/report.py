@@ -53,6 +53,12 @@ def format_report(opt) -> str:
         ),
     ]
     s = opt.stats
+    alternatives = s.get("alternatives", {})
+    if len(alternatives) > 1:
+        lines += ["", "placements timed end to end (the fastest is kept):"]
+        for name, a in alternatives.items():
+            mark = "  <- kept" if name == s.get("chosen") else ""
+            lines.append(f"  {name:<22} estimated {a['estimated_ms']:9.3f} ms, measured {a['measured_ms']:9.3f} ms{mark}")
     if s:
         lines.append(
             f"optimization: {s.get('candidates', 0)} candidates ({s.get('distinct', 0)} distinct), "

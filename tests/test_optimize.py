@@ -154,6 +154,11 @@ def test_zoo_model_on_every_cpu_backend(tmp_path, name):
     placed = sorted(i for p in opt.placement for i in p.nodes)
     assert placed == list(range(len(placed)))  # every operator exactly once
     assert all(p.cost_ms > 0 for p in opt.placement)
+    # The op-level answer and each engine's regions were timed end to end; the fastest was kept.
+    timed = opt.stats["alternatives"]
+    assert "op-level" in timed
+    assert timed[opt.stats["chosen"]]["measured_ms"] == min(a["measured_ms"] for a in timed.values())
+    assert opt.measured.median_ms == timed[opt.stats["chosen"]]["measured_ms"]
     assert "cudnn" in opt.excluded and "tvm" not in opt.excluded
 
 
@@ -170,3 +175,25 @@ def test_an_operator_no_backend_runs_is_named(tmp_path):
 
     with pytest.raises(collage.OptimizeError, match=r"no usable candidate on any backend: relax.call_pure_packed \(node 0\)"):
         collage.optimize(Unknown, backends=["tvm"], cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
+
+
+def test_simplification_runs_first_unless_switched_off(tmp_path):
+    @I.ir_module
+    class WithIdentity:
+        @R.function
+        def main(x: R.Tensor((64, 64), "float32")):
+            with R.dataflow():
+                a = R.exp(x)
+                b = R.add(a, R.const(0.0, "float32"))  # x + 0: simplification removes it
+                c = R.nn.relu(b)
+                R.output(c)
+            return c
+
+    log = tmp_path / "c.sqlite"
+    on = collage.optimize(WithIdentity, backends=["tvm"], cost_log=log, timing=FAST, progress=False)
+    off = collage.optimize(WithIdentity, backends=["tvm"], cost_log=log, timing=FAST, progress=False, simplify=False)
+    assert on.simplified.applied("add_zero") == 1 and "add_zero x1" in on.report()
+    assert sum(len(p.nodes) for p in on.placement) == 2
+    assert off.simplified is None and sum(len(p.nodes) for p in off.placement) == 3
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype("float32")
+    np.testing.assert_allclose(on(x), off(x), rtol=1e-6)

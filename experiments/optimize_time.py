@@ -1,0 +1,76 @@
+"""How long collage.optimize takes: with an empty cost log, then again with the full one.
+
+    python -m experiments.optimize_time --model resnet50 [--threads 2]
+
+Each run is a fresh process (``python -m experiments.optimize_time --one ...``), so the
+second run pays everything a user's second run pays (imports, loading the model, TVM
+compiling the assembled module) and inherits nothing but the log. Results, with each
+stage's share, go to ``experiments/results/optimize_time.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "optimize_time.json"
+STAGES = ("generate_s", "measure_s", "place_s", "assemble_s", "total_s")
+
+
+def one(model: str, log: str, threads: int) -> dict:
+    """One optimize in this process; what it took."""
+    from collage.measure import pin_threads
+
+    pin_threads(threads)
+    import collage
+    from experiments import models
+
+    w = models.load(model)
+    start = time.perf_counter()
+    opt = collage.optimize(w.relax, cost_log=log, threads=threads, progress=False)
+    wall = time.perf_counter() - start
+    return {
+        "wall_s": round(wall, 1),
+        **{k: round(opt.stats[k], 2) for k in STAGES},
+        "candidates": opt.stats["candidates"],
+        "distinct": opt.stats["distinct"],
+        "measured": opt.stats["measured"],
+        "estimated_ms": round(opt.estimated_ms, 3),
+        "measured_ms": round(opt.measured.median_ms, 3),
+        "backend_shares": {b: round(s, 4) for b, s in opt.backend_shares().items()},
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", nargs="+", default=["resnet50"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--one", nargs=2, metavar=("MODEL", "LOG"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.one[0], args.one[1], args.threads)))
+        return
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    for model in args.model:
+        with tempfile.TemporaryDirectory() as tmp:
+            log = str(Path(tmp) / "costs.sqlite")
+            runs = {}
+            for label in ("empty_log", "full_log"):
+                command = [sys.executable, "-m", "experiments.optimize_time", "--one", model, log]
+                out = subprocess.run(command + ["--threads", str(args.threads)], check=True,
+                                     capture_output=True, text=True).stdout
+                runs[label] = json.loads(out.strip().splitlines()[-1])
+                print(f"{model} {label}: {runs[label]['wall_s']} s "
+                      f"({runs[label]['measured']} of {runs[label]['distinct']} distinct candidates measured)", flush=True)
+        results[model] = {"threads": args.threads, **runs}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
