@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from .assemble import Assembly, PartitionFailed, assemble
@@ -158,7 +159,7 @@ def optimize(
 
     t = time.perf_counter()
     arrays = random_inputs(original["main"], seed)
-    expected = _to_list(_vm(original, target)["main"](*to_tensors(arrays, device_for(target))))
+    expected = _reference(original, arrays, log, f"{tvm_ffi.structural_hash(original):x} seed {seed} {target}", target)
     built = {
         name: _assemble_and_check(graph, placement, expected, arrays, backend_set, target)
         for name, placement in placements.items()
@@ -254,6 +255,15 @@ def _graph(mod: tvm.IRModule) -> DataflowGraph:
 
 
 # -- assembly with its check --
+
+
+def _reference(original, arrays, log: CostLog, key: str, target: str) -> list[np.ndarray]:
+    """The unoptimized module's outputs on ``arrays``: from the log, else run on TVM and saved."""
+    saved = log.get_reference(key)
+    if saved is None:
+        saved = _to_list(_vm(original, target)["main"](*to_tensors(arrays, device_for(target))))
+        log.put_reference(key, saved)
+    return saved
 
 
 def _placements(graph, candidates, costs, usable) -> dict[str, Placement]:

@@ -20,6 +20,7 @@ is faster for a planner that reads many rows; other processes and threads still 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sqlite3
 import threading
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
+
+import numpy as np
 
 from .cost import Cost, Device
 
@@ -55,6 +58,16 @@ CREATE TABLE {TABLE} (
     failure     TEXT,
     CHECK ((failure IS NULL) = (median_ms IS NOT NULL)),
     PRIMARY KEY (backend, library, key, device, threads, precision, pattern)
+)"""
+
+# The unoptimized module's outputs on the check's seeded inputs, so a second optimize of the
+# same model skips compiling and running it (5 of ResNet-50's 10 s with a full log). Stored
+# as .npz bytes, read back with allow_pickle=False: plain arrays, no pickled objects.
+_REFERENCES = """
+CREATE TABLE IF NOT EXISTS reference_outputs (
+    model    TEXT PRIMARY KEY,
+    outputs  BLOB NOT NULL,
+    saved_at TEXT NOT NULL
 )"""
 
 _KEY_COLUMNS = ("backend", "library", "key", "device", "threads", "precision", "pattern")
@@ -149,6 +162,25 @@ class CostLog:
             ).fetchone()
         return _cost_from_row(*row)
 
+    def get_reference(self, model: str) -> list[np.ndarray] | None:
+        """The outputs saved for ``model`` (a key naming the module, inputs and target), or None."""
+        with self._connection() as conn:
+            row = conn.execute("SELECT outputs FROM reference_outputs WHERE model = ?", (model,)).fetchone()
+        if row is None:
+            return None
+        with np.load(io.BytesIO(row[0]), allow_pickle=False) as saved:
+            return [saved[f"out{k}"] for k in range(len(saved.files))]
+
+    def put_reference(self, model: str, outputs: list[np.ndarray]) -> None:
+        buffer = io.BytesIO()
+        np.savez(buffer, **{f"out{k}": a for k, a in enumerate(outputs)})
+        saved_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        with self._connection() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO reference_outputs (model, outputs, saved_at) VALUES (?, ?, ?)",
+                (model, buffer.getvalue(), saved_at),
+            )
+
     def stats(self) -> dict[tuple[str, str], Stats]:
         """Rows and failures per (backend, device)."""
         with self._connection() as conn:
@@ -159,9 +191,10 @@ class CostLog:
         return {(backend, device): Stats(n, failures) for backend, device, n, failures in rows}
 
     def clear(self) -> None:
-        """Forget every logged cost."""
+        """Forget every logged cost and saved reference."""
         with self._connection() as conn:
             conn.execute(f"DELETE FROM {TABLE}")
+            conn.execute("DELETE FROM reference_outputs")
 
     def __len__(self) -> int:
         with self._connection() as conn:
@@ -246,6 +279,7 @@ class CostLog:
                 f"{self.path} is not a collage cost log of schema version {SCHEMA_VERSION} "
                 f"(user_version {version}, tables {tables}); move it away or pass another path"
             )
+        conn.execute(_REFERENCES)  # added to version 1 later: old logs get it on opening
 
 
 def _owner() -> tuple[int, int]:

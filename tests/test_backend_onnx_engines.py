@@ -89,9 +89,13 @@ def test_rule_excludes_what_does_not_convert(name, target):
 
 @pytest.mark.parametrize("name, target", ENGINES)
 def test_rule_on_a_zoo_model_groups_like_tvm(name, target):
-    """Every MLP operator converts, so the rule finds exactly TVM's fusion groups."""
-    groups = {frozenset(c.subgraph.nodes) for c in zoo_candidates("mlp", engine(name))}
+    """Every MLP operator converts, so the rule finds exactly TVM's fusion groups, and the
+    engine's one region is the whole graph."""
+    found = zoo_candidates("mlp", engine(name))
+    groups = {frozenset(c.subgraph.nodes) for c in found if c.pattern == f"{name}.fused"}
     assert groups == {frozenset(c.subgraph.nodes) for c in generate(zoo_graph("mlp"), [TVM])}
+    regions = [c.subgraph.nodes for c in found if c.pattern == f"{name}.region"]
+    assert regions == [frozenset(range(len(zoo_graph("mlp"))))]
 
 
 @pytest.mark.parametrize("name, target", ENGINES)
@@ -182,5 +186,5 @@ def test_kernel_reads_and_writes_the_callers_buffers_on_every_call(name, target)
 def test_candidates_match_tvm(name, target, model, limit):
     backend = runnable(engine(name), target)
     candidates = zoo_candidates(model, backend)
-    assert {c.pattern for c in candidates} == {f"{name}.fused"}
+    assert {c.pattern for c in candidates} == {f"{name}.fused", f"{name}.region"}
     assert failures(backend, sample(candidates, limit), target) == {}

@@ -1,5 +1,6 @@
 """CostLog: round trips, keys, WAL mode, default path, concurrent writers, bad files."""
 
+import numpy as np
 import dataclasses
 import multiprocessing
 import sqlite3
@@ -225,3 +226,17 @@ def test_concurrent_writers_lose_and_duplicate_nothing(log):
     for w in range(WORKERS):
         for i in range(OWN):
             assert log.get(dataclasses.replace(KEY, key=f"own-{w}-{i}")) == Cost.of(float(4 * i))
+
+
+def test_reference_outputs_round_trip_as_plain_arrays(tmp_path):
+    log = CostLog(tmp_path / "costs.sqlite")
+    assert log.get_reference("model-a") is None
+    outputs = [np.arange(6, dtype="float32").reshape(2, 3), np.array([1, 2], dtype="int64")]
+    log.put_reference("model-a", outputs)
+    log.put_reference("model-a", [np.zeros(1)])  # first writer wins, as for costs
+    again = CostLog(tmp_path / "costs.sqlite").get_reference("model-a")
+    assert [a.dtype for a in again] == [np.float32, np.int64]
+    for a, b in zip(again, outputs):
+        np.testing.assert_array_equal(a, b)
+    log.clear()
+    assert log.get_reference("model-a") is None
