@@ -285,7 +285,7 @@ def _parts(placement: Placement) -> set:
     return {(p.backend, p.nodes) for p in placement}
 
 
-def time_interleaved(calls: dict, rounds: int = 7, min_sample_ms: float = 2.0) -> dict[str, Cost]:
+def time_interleaved(calls: dict, rounds: int = 15, min_sample_ms: float = 5.0) -> dict[str, Cost]:
     """Median and spread of each call, sampled round-robin so a change of load on the
     machine hits every one alike."""
     number = {}

@@ -22,7 +22,7 @@ from tvm import relax
 from .candidates import generate
 from .cost import Cost
 from .graph import DataflowGraph
-from .runner import empty_outputs, random_inputs, to_tensors
+from .runner import empty_outputs, first_line, random_inputs, to_tensors
 from .timing import Timing, median_and_iqr, time_call
 
 CALLS = 8
@@ -65,7 +65,10 @@ def measure_transition(backend, target: str, timing: Timing) -> Cost:
                 kernel = backend.compile(candidate.subgraph.extract(), candidate.pattern, target)
             except Exception:  # this probe is not for this backend; try the next  # noqa: BLE001
                 continue
-            return _measure(kernel, probe, timing)
+            try:
+                return _measure(kernel, probe, timing)
+            except Exception as err:  # a backend that fails here pays no transition, never raises  # noqa: BLE001
+                return Cost.invalid(f"transition probe failed: {type(err).__name__}: {first_line(err)}")
     return Cost.invalid(f"{backend.name} runs none of the transition probes")
 
 
