@@ -48,3 +48,17 @@ def test_backend_example_registers_matches_and_runs():
     for cand in cands:  # one with the weight as an input, one with it as a constant
         func = cand.subgraph.extract()
         assert runner.check_candidate(backend, func, cand.pattern) is None
+
+
+def test_readme_example_optimizes_and_runs(capsys):
+    """The README's Python example, as written (SqueezeNet at full size, about a minute with
+    the test session's empty cost log)."""
+    readme = DOCS.parent / "README.md"
+    (example,) = python_blocks(readme)
+    namespace = {}
+    exec(compile(example, str(readme), "exec"), namespace)
+    opt, probabilities = namespace["opt"], namespace["probabilities"]
+    assert probabilities.shape == (1, 1000) and np.isfinite(probabilities).all()
+    printed = capsys.readouterr().out
+    assert "collage placement:" in printed and "end to end: estimated" in printed
+    assert all(p.backend in printed for p in opt.placement)
