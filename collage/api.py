@@ -30,7 +30,7 @@ from .runner import device_for, mismatch, random_inputs, run_kernel, static_shap
 from .simplify import SimplifyReport
 from .simplify import simplify as simplify_module
 from .subgraph import SubGraph
-from .timing import Timing, median_and_iqr
+from .timing import Timing, time_interleaved
 
 TARGETS = ("llvm", "cuda")
 # End to end, rounding differences of the kernels add up along the model: the check allows
@@ -283,25 +283,6 @@ def _placements(graph, candidates, costs, usable) -> dict[str, Placement]:
 
 def _parts(placement: Placement) -> set:
     return {(p.backend, p.nodes) for p in placement}
-
-
-def time_interleaved(calls: dict, rounds: int = 15, min_sample_ms: float = 5.0) -> dict[str, Cost]:
-    """Median and spread of each call, sampled round-robin so a change of load on the
-    machine hits every one alike."""
-    number = {}
-    for name, call in calls.items():
-        call()  # warm-up; also how long one call takes
-        start = time.perf_counter()
-        call()
-        number[name] = max(1, math.ceil(min_sample_ms / 1e3 / max(time.perf_counter() - start, 1e-7)))
-    samples = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            for _ in range(number[name]):
-                call()
-            samples[name].append((time.perf_counter() - start) * 1e3 / number[name])
-    return {name: Cost.of(*median_and_iqr(ms), samples=len(ms)) for name, ms in samples.items()}
 
 
 def _assemble_and_check(graph, placement: Placement, expected, arrays, backends, target):

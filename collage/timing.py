@@ -72,3 +72,26 @@ def median_and_iqr(samples: list[float]) -> tuple[float, float]:
         return samples[0], 0.0
     q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
     return statistics.median(samples), q3 - q1
+
+
+def time_interleaved(
+    calls: dict[str, Callable[[], None]], rounds: int = 15, min_sample_ms: float = 5.0, warmup_s: float = 0.1
+) -> dict[str, Cost]:
+    """Median and spread of each call, sampled round-robin so a change of load on the
+    machine hits every one alike."""
+    number = {}
+    for name, call in calls.items():
+        start, last = time.perf_counter(), 0.0
+        while time.perf_counter() - start < warmup_s or last == 0.0:  # warm-up; the last call times one
+            began = time.perf_counter()
+            call()
+            last = time.perf_counter() - began
+        number[name] = max(1, math.ceil(min_sample_ms / 1e3 / max(last, 1e-7)))
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(number[name]):
+                call()
+            samples[name].append((time.perf_counter() - start) * 1e3 / number[name])
+    return {name: Cost.of(*median_and_iqr(ms), samples=len(ms)) for name, ms in samples.items()}

@@ -11,7 +11,7 @@ from collage.cost import Cost
 from collage.cost_log import CostLog
 from collage.graph import DataflowGraph
 from collage.measure import Measurer
-from collage.timing import Timing, time_call
+from collage.timing import Timing, time_call, time_interleaved
 from collage.transition import measure_transition
 from tests.backends_for_tests import CANNOT_COMPILE, NUMPY, RAISES_WHEN_RUN, WRONG
 
@@ -106,3 +106,10 @@ def test_transition_cost_is_measured_per_backend_and_logged(tmp_path):
     # NumPy's element-wise chain runs neither probe: invalid with a reason, no transition.
     assert measure_transition(NUMPY, "llvm", FAST).reason == "numpy runs none of the transition probes"
     assert m.transition_ms("numpy") == 0.0
+
+
+def test_time_interleaved_samples_each_call_every_round():
+    costs = time_interleaved({"short": lambda: time.sleep(0.001), "long": lambda: time.sleep(0.004)},
+                             rounds=5, min_sample_ms=2.0, warmup_s=0.01)
+    assert costs["short"].samples == costs["long"].samples == 5
+    assert 1.0 <= costs["short"].median_ms < costs["long"].median_ms
