@@ -18,7 +18,7 @@ import tvm_ffi
 from tvm import relax
 
 from .assemble import Assembly, PartitionFailed, assemble
-from .backend import GRAPH_LEVEL, Backend, BackendSet, default_backends
+from .backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet, default_backends
 from .candidates import Candidate, generate
 from .cost import Cost
 from .cost_log import CostLog
@@ -26,7 +26,7 @@ from .graph import DataflowGraph
 from .measure import Measurer, default_threads, pin_threads
 from .placement import Partition, Placement, PlacementError, place
 from .report import format_report
-from .runner import device_for, mismatch, random_inputs, run_kernel, static_shape, to_tensors
+from .runner import device_for, mismatch, numpy_outputs, random_inputs, run_kernel, static_shape, to_tensors
 from .simplify import SimplifyReport
 from .simplify import simplify as simplify_module
 from .subgraph import SubGraph
@@ -127,7 +127,7 @@ def optimize(
     original = _bound_main(mod, params)
     backend_set = _backend_set(backends)
     usable, excluded = backend_set.usable(target)
-    if not any(b.name == "tvm" for b in usable):
+    if not any(b.name == REFERENCE_BACKEND for b in usable):
         raise OptimizeError("the 'tvm' backend must be among the backends: it is the fallback for every operator")
     log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
 
@@ -261,7 +261,7 @@ def _reference(original, arrays, log: CostLog, key: str, target: str) -> list[np
     """The unoptimized module's outputs on ``arrays``: from the log, else run on TVM and saved."""
     saved = log.get_reference(key)
     if saved is None:
-        saved = _to_list(_vm(original, target)["main"](*to_tensors(arrays, device_for(target))))
+        saved = numpy_outputs(_vm(original, target)["main"](*to_tensors(arrays, device_for(target))))
         log.put_reference(key, saved)
     return saved
 
@@ -270,7 +270,7 @@ def _placements(graph, candidates, costs, usable) -> dict[str, Placement]:
     """The op-level DP's placement, and for each inference engine the placement of its
     largest regions with TVM for the rest (what that engine alone would run), when different."""
     placements = {"op-level": place(graph, candidates, costs, costs.transition_ms)}
-    tvm_only = [c for c in candidates if c.backend == "tvm"]
+    tvm_only = [c for c in candidates if c.backend == REFERENCE_BACKEND]
     for backend in usable:
         regions = [c for c in candidates if c.backend == backend.name and c.pattern == f"{backend.name}.region"]
         if backend.kind != GRAPH_LEVEL or not regions:
@@ -301,7 +301,7 @@ def _assemble_and_check(graph, placement: Placement, expected, arrays, backends,
             partitions = _fall_back(graph, partitions, [failed.partition])
             continue
         vm = _vm(assembly.module, target)
-        problem = mismatch(_to_list(vm["main"](*to_tensors(arrays, device))), expected, rtol=END_TO_END_RTOL)
+        problem = mismatch(numpy_outputs(vm["main"](*to_tensors(arrays, device))), expected, rtol=END_TO_END_RTOL)
         if problem is None:
             return assembly, vm, partitions, fallbacks
         culprits = _culprits(graph, assembly, arrays, target) or [p for p, _, _ in assembly.kernels]
@@ -316,22 +316,24 @@ def _fall_back(graph, partitions, failing) -> list[Partition]:
     out = []
     for p in partitions:
         if any(p is f for f in failing):
-            out += [
-                Partition(Candidate(SubGraph(graph, frozenset({i})), "tvm", "tvm.fallback"), Cost.unknown())
-                for i in sorted(p.nodes)
-            ]
+            out += [_on_tvm(graph, i, "tvm.fallback") for i in sorted(p.nodes)]
         else:
             out.append(p)
     return out
+
+
+def _on_tvm(graph, node: int, pattern: str) -> Partition:
+    """One op inline on TVM, never measured on its own."""
+    return Partition(Candidate(SubGraph(graph, frozenset({node})), REFERENCE_BACKEND, pattern), Cost.unknown())
 
 
 def _culprits(graph, assembly, arrays, target) -> list[Partition]:
     """The partitions outside TVM whose kernels, fed TVM's values for their inputs, disagree
     with TVM's values for their outputs."""
     needed = sorted({i for p, _, _ in assembly.kernels for i in (*p.candidate.subgraph.input_nodes, *p.candidate.subgraph.outputs)})
-    on_tvm = [Partition(Candidate(SubGraph(graph, frozenset({i})), "tvm", "tvm.reference"), Cost.unknown()) for i in range(len(graph))]
+    on_tvm = [_on_tvm(graph, i, "tvm.reference") for i in range(len(graph))]
     probe = assemble(graph, on_tvm, BackendSet(), target, returns=needed).module
-    values = dict(zip(needed, _to_list(_vm(probe, target)["main"](*to_tensors(arrays, device_for(target))))))
+    values = dict(zip(needed, numpy_outputs(_vm(probe, target)["main"](*to_tensors(arrays, device_for(target))))))
     params = {p: a for p, a in zip(graph.func.params, arrays)}
     culprits = []
     for part, _, kernel in assembly.kernels:
@@ -352,12 +354,6 @@ def _culprits(graph, assembly, arrays, target) -> list[Partition]:
 
 def _vm(mod: tvm.IRModule, target: str) -> relax.VirtualMachine:
     return relax.VirtualMachine(tvm.compile(mod, target=target), device_for(target))
-
-
-def _to_list(result) -> list[np.ndarray]:
-    if isinstance(result, tvm.runtime.Tensor):
-        return [result.numpy()]
-    return [r.numpy() for r in result]
 
 
 def _to_numpy(result):

@@ -23,12 +23,11 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .backend import BackendSet
+from .backend import REFERENCE_BACKEND, BackendSet
 from .graph import DataflowGraph
 from .placement import Partition
 from .subgraph import Remap
 
-REFERENCE_BACKEND = "tvm"
 _assembly_ids = itertools.count()
 
 

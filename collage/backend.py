@@ -21,6 +21,8 @@ from .pattern import Pattern, PatternRule
 OP_LEVEL = "op-level"  # an operator library: one kernel per candidate (oneDNN, cuBLAS, TVM)
 GRAPH_LEVEL = "graph-level"  # an inference engine that optimizes across kernels (ORT, TensorRT)
 TARGETS = ("llvm", "cuda")
+# TVM's own codegen: it runs every operator, and its results are the reference others match.
+REFERENCE_BACKEND = "tvm"
 
 
 class Unsupported(Exception):

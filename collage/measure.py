@@ -21,15 +21,23 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .backend import BackendSet, Unsupported
+from .backend import REFERENCE_BACKEND, BackendSet
 from .candidates import Candidate
 from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
-from .runner import device_for, empty_outputs, first_line, mismatch, random_inputs, run_reference, to_tensors
+from .runner import (
+    compile_kernel,
+    device_for,
+    empty_outputs,
+    first_line,
+    mismatch,
+    random_inputs,
+    run_reference,
+    to_tensors,
+)
 from .timing import Timing, time_call
 from .transition import measure_transition
 
-REFERENCE_BACKEND = "tvm"  # its kernels are TVM's default pipeline: their outputs are the reference
 TRANSITION = "transition"  # the pattern name of the transition-cost row in the log
 
 
@@ -143,12 +151,9 @@ class Measurer:
             arrays = random_inputs(func, self.seed)
         except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
             return Cost.invalid(str(err))
-        try:
-            kernel = backend.compile(func, candidate.pattern, self.target)
-        except Unsupported as err:
-            return Cost.invalid(f"unsupported: {err}")
-        except Exception as err:  # a library's own compile error excludes the candidate
-            return Cost.invalid(f"compile failed: {type(err).__name__}: {first_line(err)}")
+        kernel, reason = compile_kernel(backend, func, candidate.pattern, self.target)
+        if reason is not None:
+            return Cost.invalid(reason)
         device = device_for(self.target)
         inputs, outputs = to_tensors(arrays, device), empty_outputs(func, device)
         try:

@@ -83,9 +83,6 @@ class Placement:
     def estimated_ms(self) -> float:
         return sum(p.cost_ms for p in self.partitions)
 
-    def backend_of(self, node: int) -> str:
-        return next(p.backend for p in self.partitions if node in p.nodes)
-
     def __iter__(self):
         return iter(self.partitions)
 

@@ -65,8 +65,14 @@ def to_tensors(arrays, device=None) -> list[tvm.runtime.Tensor]:
 def run_reference(func: relax.Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
     """``func`` compiled by TVM's default CPU pipeline, as numpy outputs."""
     vm = relax.VirtualMachine(tvm.compile(tvm.IRModule({"main": func}), target="llvm"), tvm.cpu())
-    out = vm["main"](*to_tensors(arrays))
-    return [o.numpy() for o in out] if isinstance(func.ret_ty, relax.TupleType) else [out.numpy()]
+    return numpy_outputs(vm["main"](*to_tensors(arrays)))
+
+
+def numpy_outputs(result) -> list[np.ndarray]:
+    """A VM result (one tensor, or a tuple of them) as a list of numpy arrays."""
+    if isinstance(result, tvm.runtime.Tensor):
+        return [result.numpy()]
+    return [r.numpy() for r in result]
 
 
 def run_kernel(kernel, func: relax.Function, arrays: list[np.ndarray], device=None) -> list[np.ndarray]:
@@ -102,23 +108,31 @@ def check_candidate(backend, func: relax.Function, pattern: str, target: str = "
     cannot run it (``Unsupported``), compiling or running failed, or the values differ. A
     failing candidate is excluded with this reason; it never raises.
     """
-    from .backend import Unsupported
-
-    reason = backend.unavailable_reason(target)
+    kernel, reason = compile_kernel(backend, func, pattern, target)
     if reason is not None:
         return reason
     arrays = random_inputs(func, seed)
-    try:
-        kernel = backend.compile(func, pattern, target)
-    except Unsupported as err:
-        return f"unsupported: {err}"
-    except Exception as err:  # a library's own compile error: exclude the candidate, keep going
-        return f"compile failed: {type(err).__name__}: {first_line(err)}"
     try:
         actual = run_kernel(kernel, func, arrays, device_for(target))
     except Exception as err:
         return f"run failed: {type(err).__name__}: {first_line(err)}"
     return mismatch(actual, run_reference(func, arrays))
+
+
+def compile_kernel(backend, func: relax.Function, pattern: str, target: str):
+    """``(kernel, None)``, or ``(None, why not)``: the library cannot run here, rejects the
+    sub-graph (``Unsupported``), or fails compiling it. Never raises."""
+    from .backend import Unsupported
+
+    reason = backend.unavailable_reason(target)
+    if reason is not None:
+        return None, reason
+    try:
+        return backend.compile(func, pattern, target), None
+    except Unsupported as err:
+        return None, f"unsupported: {err}"
+    except Exception as err:  # a library's own compile error: exclude the candidate, keep going
+        return None, f"compile failed: {type(err).__name__}: {first_line(err)}"
 
 
 def device_for(target: str):

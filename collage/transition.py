@@ -22,7 +22,7 @@ from tvm import relax
 from .candidates import generate
 from .cost import Cost
 from .graph import DataflowGraph
-from .runner import empty_outputs, first_line, random_inputs, to_tensors
+from .runner import compile_kernel, empty_outputs, first_line, random_inputs, to_tensors
 from .timing import Timing, median_and_iqr, time_call
 
 CALLS = 8
@@ -61,9 +61,8 @@ def measure_transition(backend, target: str, timing: Timing) -> Cost:
         graph = DataflowGraph(probe)
         whole = [c for c in generate(graph, [backend]) if len(c.subgraph) == len(graph)]
         for candidate in whole:
-            try:
-                kernel = backend.compile(candidate.subgraph.extract(), candidate.pattern, target)
-            except Exception:  # this probe is not for this backend; try the next  # noqa: BLE001
+            kernel, reason = compile_kernel(backend, candidate.subgraph.extract(), candidate.pattern, target)
+            if reason is not None:  # this probe is not for this backend; try the next
                 continue
             try:
                 return _measure(kernel, probe, timing)

@@ -69,6 +69,11 @@ def prepare_torch_compile(w: Workload, threads: int) -> Runner:
     return Runner(run, _torch_outputs)
 
 
+def _tvm_outputs(out) -> list[np.ndarray]:
+    """A Relax VM result, one tensor or a tuple (duck-typed: TVM is imported only later)."""
+    return [out.numpy()] if hasattr(out, "numpy") else [t.numpy() for t in out]
+
+
 def _torch_outputs(out) -> list[np.ndarray]:
     return [t.numpy() for t in (out if isinstance(out, (tuple, list)) else (out,))]
 
@@ -133,10 +138,7 @@ def prepare_tvm(w: Workload, threads: int) -> Runner:
     main = vm["main"]
     inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
 
-    def to_numpy(out):
-        return [out.numpy()] if hasattr(out, "numpy") else [t.numpy() for t in out]
-
-    return Runner(lambda: main(*inputs), to_numpy)
+    return Runner(lambda: main(*inputs), _tvm_outputs)
 
 
 PrepareFn = Callable[[Workload, int], Runner]
@@ -153,9 +155,6 @@ def prepare_collage(w: Workload, threads: int) -> Runner:
     print(opt.report(), flush=True)
     inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
 
-    def to_numpy(out):
-        return [out.numpy()] if hasattr(out, "numpy") else [t.numpy() for t in out]
-
     info = {
         "estimated_ms": round(opt.estimated_ms, 4),
         "partitions": len(opt.placement),
@@ -163,7 +162,7 @@ def prepare_collage(w: Workload, threads: int) -> Runner:
         "optimize_s": round(opt.stats["total_s"], 1),
         "measured_candidates": opt.stats["measured"],
     }
-    return Runner(lambda: opt.main(*inputs), to_numpy, info)
+    return Runner(lambda: opt.main(*inputs), _tvm_outputs, info)
 
 
 PEERS: dict[str, PrepareFn] = {
