@@ -26,6 +26,7 @@ from tvm import relax
 from .backend import REFERENCE_BACKEND, BackendSet
 from .graph import DataflowGraph
 from .placement import Partition
+from .runner import compile_kernel
 from .subgraph import Remap
 
 _assembly_ids = itertools.count()
@@ -88,7 +89,11 @@ def assemble(
                     result = bb.emit(relax.Call(gv, args))
                 else:
                     name = f"{prefix}.{k}.{part.backend}"
-                    kernel = _compile(part, backends, target)
+                    try:
+                        kernel = _compile(part, backends, target)
+                    except PartitionFailed:
+                        _unregister([n for _, n, _ in kernels])  # no Assembly will own them
+                        raise
                     kernels.append((part, name, kernel))
                     tvm.register_global_func(name, kernel, override=True)
                     args = [remap.visit_expr(a) for a in sub.arguments(lift_constants=False)]
@@ -108,8 +113,9 @@ def assemble(
 
 
 def _compile(part: Partition, backends: BackendSet, target: str):
-    try:
-        return backends[part.backend].compile(part.candidate.subgraph.extract(), part.pattern, target)
-    except Exception as err:  # excluded with its reason; the caller falls it back to TVM
-        text = str(err).strip().splitlines()
-        raise PartitionFailed(part, f"compile failed: {type(err).__name__}: {text[0] if text else ''}") from err
+    """The partition's kernel; ``PartitionFailed`` with the reason when there is none (the
+    caller falls the partition back to TVM)."""
+    kernel, reason = compile_kernel(backends[part.backend], part.candidate.subgraph.extract(), part.pattern, target)
+    if reason is not None:
+        raise PartitionFailed(part, reason)
+    return kernel

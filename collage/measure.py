@@ -106,7 +106,7 @@ class Measurer:
             cost = self.log.get(key)
             if cost is None:
                 cost = self.log.put(key, measure_transition(b, self.target, self.timing))
-            # A backend that runs no probe pays no measured transition rather than none at all.
+            # A backend that runs none of the probes has no measured transition: it is charged none.
             self._transitions[backend] = cost.value_ms if cost.is_valid else 0.0
         return self._transitions[backend]
 

@@ -96,3 +96,18 @@ class RightOnlyWhenMeasured:
         first = text not in self.seen
         self.seen.add(text)
         return (compile_elementwise if first else _wrong)(func, pattern, target)
+
+
+class CompilesOnlyOnce:
+    """Each sub-graph compiles once (when measured); compiling it again for the model fails."""
+
+    def __init__(self):
+        self.seen = set()
+        self.backend = variant("once", self.compile)
+
+    def compile(self, func, pattern, target):
+        text = func.script()
+        if text in self.seen:
+            raise RuntimeError("license expired")
+        self.seen.add(text)
+        return compile_elementwise(func, pattern, target)

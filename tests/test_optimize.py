@@ -12,7 +12,7 @@ import collage
 from collage.backend import BackendSet, default_backends
 from collage.timing import Timing
 from experiments import models
-from tests.backends_for_tests import CANNOT_COMPILE, NUMPY, WRONG, RightOnlyWhenMeasured
+from tests.backends_for_tests import CANNOT_COMPILE, NUMPY, WRONG, CompilesOnlyOnce, RightOnlyWhenMeasured
 
 FAST = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
 
@@ -87,6 +87,15 @@ def test_kernels_wrong_inside_the_model_fall_back_to_tvm(tmp_path):
     x, w = inputs()
     np.testing.assert_allclose(opt(x, w), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
     assert "fell back to tvm" in opt.report()
+
+
+def test_partitions_that_fail_to_compile_for_the_model_fall_back_to_tvm(tmp_path):
+    once = CompilesOnlyOnce()
+    opt = collage.optimize(Unary, backends=backends(once.backend), cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
+    assert opt.fallbacks and {reason for _, reason in opt.fallbacks} == {"compile failed: RuntimeError: license expired"}
+    assert "once" not in {p.backend for p in opt.placement}
+    x, w = inputs()
+    np.testing.assert_allclose(opt(x, w), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
 
 
 def test_report_names_partitions_shares_and_times(tmp_path):
