@@ -30,6 +30,9 @@ def _session(model_bytes: bytes):
     options.intra_op_num_threads = int(os.environ.get("COLLAGE_NUM_THREADS", "0"))
     # Spin while running (its threads hand work to each other fast), but stop when a run ends:
     # threads that keep spinning take the cores from the next kernel of another library.
+    # Not one thread pool shared by all sessions (set_global_thread_pool_sizes): op by op over
+    # tvm and onnxruntime it ran SqueezeNet faster (4.7 ms, against 6.4), but OpenVINO, timed
+    # in alternation with it, then ran ResNet-50 in 40.6 ms instead of 21.
     # Measured on ResNet-50 placed over tvm and onnxruntime (2 threads): 1113 ms with spinning
     # left on, 49.5 ms with it off, 31.9 ms stopping after each run.
     options.add_session_config_entry("session.force_spinning_stop", "1")
@@ -71,7 +74,8 @@ BACKEND = Backend(
     kind=GRAPH_LEVEL,
     targets=("llvm",),
     compile=compile,
-    # Graph-level search over larger partitions comes later; for now, TVM's fusion groups.
+    # Kernel-sized groups as TVM fuses them; the engine's largest regions are candidates too
+    # (candidates.regions), and the graph-level search hands it more (collage.refine).
     rules=(PatternRule("onnxruntime.fused", convertible, anchor_then_elementwise),),
     requires=("onnxruntime", "onnx"),
     library=f"ONNX Runtime {installed_version('onnxruntime')} (CPU execution provider, spinning stops after each run)",

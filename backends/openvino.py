@@ -63,7 +63,8 @@ BACKEND = Backend(
     kind=GRAPH_LEVEL,
     targets=("llvm",),
     compile=compile,
-    # Graph-level search over larger partitions comes later; for now, TVM's fusion groups.
+    # Kernel-sized groups as TVM fuses them; the engine's largest regions are candidates too
+    # (candidates.regions), and the graph-level search hands it more (collage.refine).
     rules=(PatternRule("openvino.fused", convertible, anchor_then_elementwise),),
     requires=("openvino", "onnx"),
     library=f"OpenVINO {installed_version('openvino')} (CPU plugin, f32)",

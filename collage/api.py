@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -19,24 +20,29 @@ from tvm import relax
 
 from .assemble import Assembly, PartitionFailed, assemble
 from .backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet, default_backends
-from .candidates import Candidate, generate
+from .candidates import REGION_SUFFIX, generate
 from .cost import Cost
 from .cost_log import CostLog
+from .end_to_end import END_TO_END_RTOL, EndToEnd
 from .graph import DataflowGraph
 from .measure import Measurer, default_threads, pin_threads
-from .placement import Partition, Placement, PlacementError, place
+from .placement import Partition, Placement, PlacementError, place, tvm_op
+from .refine import refine
 from .report import format_report
-from .runner import device_for, mismatch, numpy_outputs, random_inputs, run_kernel, static_shape, to_tensors
+from .runner import build_vm, device_for, mismatch, numpy_outputs, random_inputs, run_kernel, static_shape, to_tensors
 from .simplify import SimplifyReport
 from .simplify import simplify as simplify_module
-from .subgraph import SubGraph
 from .timing import Timing, time_interleaved
 
 TARGETS = ("llvm", "cuda")
-# End to end, rounding differences of the kernels add up along the model: the check allows
-# ten times the per-candidate tolerance (the zoo's measured error is under a quarter of it).
-END_TO_END_RTOL = 1e-3
 MAX_CHECK_ROUNDS = 3
+# Finalists are timed in samples of at least 50 ms, so what switching modules costs (caches,
+# threads waking) is spread thin: Inception-v3's op-level placement measured 32.5 ms in 5 ms
+# samples, 29.7 ms in 50 ms ones and 29.8 ms timed alone.
+FINALIST_TIMING = {"rounds": 9, "min_sample_ms": 50.0}
+# Names of finalists (placements timed end to end against each other).
+OP_LEVEL_PLACEMENT = "op-level"
+KERNELS_ONLY_PLACEMENT = "op-level, kernels only"  # the DP without engine regions: the graph-level search's start
 
 
 class OptimizeError(Exception):
@@ -93,6 +99,20 @@ class OptimizedModule:
     def report(self) -> str:
         return format_report(self)
 
+    def save_placement(self, path):
+        """Write the placement as JSON (``collage.saved``), for ``collage.load_placement`` and
+        ``collage run`` to rebuild this module without measuring; returns the path."""
+        from .saved import save_placement
+
+        return save_placement(self, path)
+
+    def draw(self, path):
+        """Draw the graph with each partition in its backend's colour (``collage.draw``): DOT
+        for ``.dot``, rendered by Graphviz for ``.svg``/``.png``/``.pdf``; returns the path."""
+        from .draw import draw
+
+        return draw(self, path)
+
 
 def optimize(
     mod: tvm.IRModule,
@@ -106,6 +126,9 @@ def optimize(
     timing: Timing = Timing(),
     progress: bool = True,
     seed: int = 0,
+    graph_level: bool = False,
+    budget_s: float = 600.0,
+    patience: int = 5,
 ) -> OptimizedModule:
     """Place every operator of ``mod``'s ``main`` on the backend where it runs fastest here.
 
@@ -115,11 +138,14 @@ def optimize(
     with their reason (``opt.excluded``). Costs are read from and written to ``cost_log`` (a
     CostLog or a path; default ``~/.cache/collage/costs.sqlite`` or ``$COLLAGE_COST_LOG``).
     Every backend runs on ``threads`` threads (default: the cores this process may use).
-    ``simplify`` runs ``collage.simplify`` first. Raises ``OptimizeError`` for input it cannot
-    handle; a failing backend candidate is excluded with its reason and never raises.
+    ``simplify`` runs ``collage.simplify`` first. ``graph_level`` then refines the op-level
+    placement by an evolutionary search over what to hand to an inference engine, measuring
+    each placement end to end, for ``budget_s`` seconds or until the best has not improved for
+    ``patience`` generations. Raises ``OptimizeError`` for input it cannot handle; a failing
+    backend candidate is excluded with its reason and never raises.
     """
     started = time.perf_counter()
-    stats: dict = {}
+    stats: dict = {"seed": seed}
     if target not in TARGETS:
         raise OptimizeError(f"unknown target {target!r}; collage supports {', '.join(TARGETS)}")
     threads = threads or default_threads()
@@ -151,7 +177,7 @@ def optimize(
 
     t = time.perf_counter()
     try:
-        placements = _placements(graph, candidates, measurer, usable)
+        placements, alone = _placements(graph, candidates, measurer, usable, graph_level)
     except PlacementError as err:  # an operator no backend (not even TVM) could run
         raise OptimizeError(str(err)) from None
     stats["place_s"] = time.perf_counter() - t
@@ -159,18 +185,45 @@ def optimize(
 
     t = time.perf_counter()
     arrays = random_inputs(original["main"], seed)
-    expected = _reference(original, arrays, log, f"{tvm_ffi.structural_hash(original):x} seed {seed} {target}", target)
+    expected = _reference(original, arrays, log, seed, target)
     built = {
         name: _assemble_and_check(graph, placement, expected, arrays, backend_set, target)
         for name, placement in placements.items()
     }
     stats["assemble_s"] = time.perf_counter() - t
 
+    if graph_level:
+        t = time.perf_counter()
+        engines = [b for b in usable if b.kind == GRAPH_LEVEL and b.rules]
+        if engines:
+            end_to_end = EndToEnd(graph, BackendSet(usable), target, arrays, expected, log,
+                                  f"{tvm_ffi.structural_hash(prepared):x} {target}", threads)
+            engine = _best_engine(engines, alone, built, arrays, target)
+            start = KERNELS_ONLY_PLACEMENT if KERNELS_ONLY_PLACEMENT in built else OP_LEVEL_PLACEMENT
+            refinement = refine(built[start][2], engine, end_to_end, budget_s=budget_s, patience=patience,
+                                seed=seed, progress=progress)
+            stats["graph_level"] = refinement.summary()
+            end_to_end.release()
+            # The search's starting point is timed already; its many small kernels only slow
+            # the finalists timed beside them.
+            if start == KERNELS_ONLY_PLACEMENT:
+                del placements[start], built[start]
+                gc.collect()
+            for k, (partitions, _) in enumerate(refinement.leaders):
+                name = f"graph-level #{k + 1}"
+                placements[name] = Placement(graph, _priced(partitions, measurer))
+                built[name] = (*end_to_end.build(partitions, fresh=True), list(placements[name].partitions), [])
+        else:
+            stats["graph_level"] = {"skipped": "no usable inference engine (graph-level backend) to offload to"}
+        stats["graph_level_s"] = time.perf_counter() - t
+
     # The additive model misses what kernels do to each other (threads handed over, caches
-    # emptied), so the op-level answer and each engine's own regions are timed end to end,
-    # in alternation, and the fastest is kept.
+    # emptied), so the op-level answer, each engine's own regions and the graph-level leaders
+    # are timed end to end, in alternation, and the fastest is kept.
     inputs = to_tensors(arrays, device_for(target))
-    measured = time_interleaved({name: functools.partial(b[1]["main"], *inputs) for name, b in built.items()})
+    measured = time_interleaved(
+        {name: functools.partial(b[1]["main"], *inputs) for name, b in built.items()}, **FINALIST_TIMING
+    )
     chosen = min(measured, key=lambda name: measured[name].median_ms)
     stats["alternatives"] = {
         name: {"estimated_ms": placements[name].estimated_ms, "measured_ms": measured[name].median_ms}
@@ -257,28 +310,65 @@ def _graph(mod: tvm.IRModule) -> DataflowGraph:
 # -- assembly with its check --
 
 
-def _reference(original, arrays, log: CostLog, key: str, target: str) -> list[np.ndarray]:
-    """The unoptimized module's outputs on ``arrays``: from the log, else run on TVM and saved."""
+def _reference(original, arrays, log: CostLog, seed: int, target: str) -> list[np.ndarray]:
+    """The unoptimized module's outputs on ``arrays`` (drawn with ``seed``): from the log, else
+    run on TVM and saved."""
+    key = f"{tvm_ffi.structural_hash(original):x} seed {seed} {target}"
     saved = log.get_reference(key)
     if saved is None:
-        saved = numpy_outputs(_vm(original, target)["main"](*to_tensors(arrays, device_for(target))))
+        saved = numpy_outputs(build_vm(original, target)["main"](*to_tensors(arrays, device_for(target))))
         log.put_reference(key, saved)
     return saved
 
 
-def _placements(graph, candidates, costs, usable) -> dict[str, Placement]:
-    """The op-level DP's placement, and for each inference engine the placement of its
-    largest regions with TVM for the rest (what that engine alone would run), when different."""
-    placements = {"op-level": place(graph, candidates, costs, costs.transition_ms)}
+def _placements(graph, candidates, costs, usable, graph_level: bool) -> tuple[dict[str, Placement], dict[str, str]]:
+    """The finalists: the op-level DP's placement, and for each inference engine the placement
+    of its largest regions with TVM for the rest (what that engine alone would run). With
+    ``graph_level``, also the DP's placement over kernel-sized candidates only (no regions),
+    where the graph-level search starts. Equal placements are kept once; the second result
+    names, for each engine, the finalist that is its own-regions placement."""
+    placements: dict[str, Placement] = {}
+
+    def add(name: str, placement: Placement) -> str:
+        same = next((other for other, p in placements.items() if _parts(p) == _parts(placement)), None)
+        if same is None:
+            placements[name] = placement
+        return same or name
+
+    add(OP_LEVEL_PLACEMENT, place(graph, candidates, costs, costs.transition_ms))
+    if graph_level:
+        kernels = [c for c in candidates if not c.pattern.endswith(REGION_SUFFIX)]
+        add(KERNELS_ONLY_PLACEMENT, place(graph, kernels, costs, costs.transition_ms))
     tvm_only = [c for c in candidates if c.backend == REFERENCE_BACKEND]
+    alone = {}
     for backend in usable:
-        regions = [c for c in candidates if c.backend == backend.name and c.pattern == f"{backend.name}.region"]
-        if backend.kind != GRAPH_LEVEL or not regions:
-            continue
-        alone = place(graph, regions + tvm_only, costs, costs.transition_ms)
-        if all(_parts(alone) != _parts(p) for p in placements.values()):
-            placements[f"{backend.name} regions"] = alone
-    return placements
+        regions = [c for c in candidates if c.backend == backend.name and c.pattern == f"{backend.name}{REGION_SUFFIX}"]
+        if backend.kind == GRAPH_LEVEL and regions:
+            alone[backend.name] = add(f"{backend.name} regions", place(graph, regions + tvm_only, costs, costs.transition_ms))
+    return placements, alone
+
+
+def _best_engine(engines, alone: dict[str, str], built, arrays, target):
+    """The inference engine to refine with: the one whose own-regions placement runs the model
+    fastest (timed here in alternation), else the first."""
+    timed = {e.name: alone[e.name] for e in engines if e.name in alone}
+    if len(set(timed.values())) < 2:
+        return next((e for e in engines if e.name in timed), engines[0])
+    inputs = to_tensors(arrays, device_for(target))
+    times = time_interleaved(
+        {e: functools.partial(built[name][1]["main"], *inputs) for e, name in timed.items()}, **FINALIST_TIMING
+    )
+    fastest = min(times, key=lambda e: times[e].median_ms)
+    return next(e for e in engines if e.name == fastest)
+
+
+def _priced(partitions, measurer) -> tuple[Partition, ...]:
+    """``partitions`` with the measured cost of each one not measured yet (the engine
+    partitions the search formed; most single TVM ops are in the log already)."""
+    return tuple(
+        Partition(p.candidate, measurer.cost(p.candidate), measurer.transition_ms(p.backend)) if p.cost.is_unknown else p
+        for p in partitions
+    )
 
 
 def _parts(placement: Placement) -> set:
@@ -300,7 +390,7 @@ def _assemble_and_check(graph, placement: Placement, expected, arrays, backends,
             fallbacks.append((failed.partition, failed.reason))
             partitions = _fall_back(graph, partitions, [failed.partition])
             continue
-        vm = _vm(assembly.module, target)
+        vm = build_vm(assembly.module, target)
         problem = mismatch(numpy_outputs(vm["main"](*to_tensors(arrays, device))), expected, rtol=END_TO_END_RTOL)
         if problem is None:
             return assembly, vm, partitions, fallbacks
@@ -316,24 +406,19 @@ def _fall_back(graph, partitions, failing) -> list[Partition]:
     out = []
     for p in partitions:
         if any(p is f for f in failing):
-            out += [_on_tvm(graph, i, "tvm.fallback") for i in sorted(p.nodes)]
+            out += [tvm_op(graph, i, "tvm.fallback") for i in sorted(p.nodes)]
         else:
             out.append(p)
     return out
-
-
-def _on_tvm(graph, node: int, pattern: str) -> Partition:
-    """One op inline on TVM, never measured on its own."""
-    return Partition(Candidate(SubGraph(graph, frozenset({node})), REFERENCE_BACKEND, pattern), Cost.unknown())
 
 
 def _culprits(graph, assembly, arrays, target) -> list[Partition]:
     """The partitions outside TVM whose kernels, fed TVM's values for their inputs, disagree
     with TVM's values for their outputs."""
     needed = sorted({i for p, _, _ in assembly.kernels for i in (*p.candidate.subgraph.input_nodes, *p.candidate.subgraph.outputs)})
-    on_tvm = [_on_tvm(graph, i, "tvm.reference") for i in range(len(graph))]
+    on_tvm = [tvm_op(graph, i, "tvm.reference") for i in range(len(graph))]
     probe = assemble(graph, on_tvm, BackendSet(), target, returns=needed).module
-    values = dict(zip(needed, numpy_outputs(_vm(probe, target)["main"](*to_tensors(arrays, device_for(target))))))
+    values = dict(zip(needed, numpy_outputs(build_vm(probe, target)["main"](*to_tensors(arrays, device_for(target))))))
     params = {p: a for p, a in zip(graph.func.params, arrays)}
     culprits = []
     for part, _, kernel in assembly.kernels:
@@ -350,10 +435,6 @@ def _culprits(graph, assembly, arrays, target) -> list[Partition]:
 
 
 # -- running --
-
-
-def _vm(mod: tvm.IRModule, target: str) -> relax.VirtualMachine:
-    return relax.VirtualMachine(tvm.compile(mod, target=target), device_for(target))
 
 
 def _to_numpy(result):

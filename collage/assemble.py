@@ -64,11 +64,13 @@ def assemble(
     backends: BackendSet,
     target: str = "llvm",
     returns: list[int] | None = None,
+    compiled: dict | None = None,
 ) -> Assembly:
     """The module running ``partitions`` (which cover ``graph`` and are in an order that
     runs). ``returns`` makes ``main`` return those nodes' values instead of the graph's result
-    (to read intermediate values). Raises ``PartitionFailed`` when a backend cannot compile
-    its partition."""
+    (to read intermediate values). ``compiled`` maps (backend, pattern, nodes) to kernels
+    compiled before, and gains the new ones: a search assembling many placements compiles each
+    partition once. Raises ``PartitionFailed`` when a backend cannot compile its partition."""
     func = graph.func
     prefix = f"collage_{next(_assembly_ids)}"
     bb = relax.BlockBuilder()
@@ -90,7 +92,7 @@ def assemble(
                 else:
                     name = f"{prefix}.{k}.{part.backend}"
                     try:
-                        kernel = _compile(part, backends, target)
+                        kernel = _compile(part, backends, target, compiled)
                     except PartitionFailed:
                         _unregister([n for _, n, _ in kernels])  # no Assembly will own them
                         raise
@@ -112,10 +114,16 @@ def assemble(
     return Assembly(bb.get(), kernels)
 
 
-def _compile(part: Partition, backends: BackendSet, target: str):
+def _compile(part: Partition, backends: BackendSet, target: str, compiled: dict | None):
     """The partition's kernel; ``PartitionFailed`` with the reason when there is none (the
     caller falls the partition back to TVM)."""
-    kernel, reason = compile_kernel(backends[part.backend], part.candidate.subgraph.extract(), part.pattern, target)
+    key = (part.backend, part.pattern, part.nodes)
+    if compiled is not None and key in compiled:
+        kernel, reason = compiled[key]
+    else:
+        kernel, reason = compile_kernel(backends[part.backend], part.candidate.subgraph.extract(), part.pattern, target)
+        if compiled is not None:
+            compiled[key] = (kernel, reason)
     if reason is not None:
         raise PartitionFailed(part, reason)
     return kernel

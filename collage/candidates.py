@@ -17,6 +17,8 @@ from .graph import DataflowGraph
 from .pattern import Pattern, PatternRule
 from .subgraph import SubGraph
 
+REGION_SUFFIX = ".region"  # an inference engine's largest-region candidates are named "<backend>.region"
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -124,7 +126,7 @@ def generate(graph: DataflowGraph, backends: Iterable) -> list[Candidate]:
             for sub in grow_rule(graph, rule):
                 found.setdefault((backend.name, rule.name, sub.nodes), Candidate(sub, backend.name, rule.name))
             if backend.kind == GRAPH_LEVEL:
-                name = f"{backend.name}.region"
+                name = f"{backend.name}{REGION_SUFFIX}"
                 for sub in regions(graph, rule):
                     found.setdefault((backend.name, name, sub.nodes), Candidate(sub, backend.name, name))
     return sorted(found.values(), key=lambda c: (min(c.subgraph.nodes), c.backend, c.pattern, sorted(c.subgraph.nodes)))

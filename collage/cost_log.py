@@ -70,6 +70,25 @@ CREATE TABLE IF NOT EXISTS reference_outputs (
     saved_at TEXT NOT NULL
 )"""
 
+# Whole placements timed end to end by the graph-level search (evolve.py), so a second search
+# over the same model measures none of the placements the first one did. ``placement`` names
+# each partition (backend, pattern, nodes); ``libraries`` the versions of the backends it uses.
+_PLACEMENTS = """
+CREATE TABLE IF NOT EXISTS placement_latency (
+    model       TEXT NOT NULL,
+    placement   TEXT NOT NULL,
+    device      TEXT NOT NULL,
+    threads     INTEGER NOT NULL,
+    libraries   TEXT NOT NULL,
+    median_ms   REAL,
+    spread_ms   REAL,
+    samples     INTEGER,
+    measured_at TEXT NOT NULL,
+    failure     TEXT,
+    CHECK ((failure IS NULL) = (median_ms IS NOT NULL)),
+    PRIMARY KEY (model, placement, device, threads, libraries)
+)"""
+
 _KEY_COLUMNS = ("backend", "library", "key", "device", "threads", "precision", "pattern")
 _WHERE_KEY = " AND ".join(f"{c} = ?" for c in _KEY_COLUMNS)
 
@@ -109,9 +128,39 @@ class LogKey:
         return tuple(getattr(self, c) for c in _KEY_COLUMNS)
 
 
+class PlacementKey(NamedTuple):
+    """What identifies one end-to-end latency: the model, the placement, where and with what."""
+
+    model: str  # the simplified module's structural hash and the target
+    placement: str  # "backend:pattern:n,n,...;..." over the partitions, sorted
+    device: str
+    threads: int
+    libraries: str  # "backend=library version;..." of the backends the placement uses
+
+
+_WHERE_PLACEMENT = " AND ".join(f"{c} = ?" for c in PlacementKey._fields)
+
+
 class Stats(NamedTuple):
     rows: int
     failures: int
+
+
+class Row(NamedTuple):
+    """One logged cost as stored: its key, then the measurement or the failure reason."""
+
+    backend: str
+    library: str
+    key: str
+    device: str
+    threads: int
+    precision: str
+    pattern: str
+    median_ms: float | None
+    spread_ms: float | None
+    samples: int | None
+    measured_at: str
+    failure: str | None
 
 
 def default_path() -> Path:
@@ -181,6 +230,34 @@ class CostLog:
                 (model, buffer.getvalue(), saved_at),
             )
 
+    def get_latency(self, key: PlacementKey) -> Cost | None:
+        """The end-to-end latency logged for a whole placement, or None."""
+        with self._connection() as conn:
+            row = conn.execute(
+                f"SELECT median_ms, spread_ms, samples, failure FROM placement_latency WHERE {_WHERE_PLACEMENT}",
+                key,
+            ).fetchone()
+        return None if row is None else _cost_from_row(*row)
+
+    def put_latency(self, key: PlacementKey, cost: Cost) -> Cost:
+        """Log a whole placement's latency unless one is there (first writer wins, as for
+        costs); returns the logged one."""
+        if cost.is_unknown:
+            raise ValueError("an unknown cost is not a measurement")
+        measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        measurement = (cost.median_ms, cost.spread_ms, cost.samples, None) if cost.is_valid else (None, None, None, cost.reason)
+        with self._connection() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO placement_latency (model, placement, device, threads, libraries, "
+                "median_ms, spread_ms, samples, failure, measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*key, *measurement, measured_at),
+            )
+            row = conn.execute(
+                f"SELECT median_ms, spread_ms, samples, failure FROM placement_latency WHERE {_WHERE_PLACEMENT}",
+                key,
+            ).fetchone()
+        return _cost_from_row(*row)
+
     def stats(self) -> dict[tuple[str, str], Stats]:
         """Rows and failures per (backend, device)."""
         with self._connection() as conn:
@@ -190,11 +267,30 @@ class CostLog:
             ).fetchall()
         return {(backend, device): Stats(n, failures) for backend, device, n, failures in rows}
 
+    def rows(self, backend: str | None = None, limit: int | None = None) -> list[Row]:
+        """Logged costs, newest first: only ``backend``'s when given, at most ``limit``."""
+        where, args = ("WHERE backend = ?", [backend]) if backend is not None else ("", [])
+        with self._connection() as conn:
+            found = conn.execute(
+                f"SELECT {', '.join(Row._fields)} FROM {TABLE} {where} ORDER BY measured_at DESC, rowid DESC"
+                + (" LIMIT ?" if limit is not None else ""),
+                args + ([limit] if limit is not None else []),
+            ).fetchall()
+        return [Row(*r) for r in found]
+
+    def sizes(self) -> dict[str, int]:
+        """How many rows each table of the file holds (costs, saved references, ...): what
+        ``clear`` would delete."""
+        with self._connection() as conn:
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY rowid")]
+            return {t: conn.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] for t in tables}
+
     def clear(self) -> None:
         """Forget every logged cost and saved reference."""
         with self._connection() as conn:
             conn.execute(f"DELETE FROM {TABLE}")
             conn.execute("DELETE FROM reference_outputs")
+            conn.execute("DELETE FROM placement_latency")
 
     def __len__(self) -> int:
         with self._connection() as conn:
@@ -279,7 +375,8 @@ class CostLog:
                 f"{self.path} is not a collage cost log of schema version {SCHEMA_VERSION} "
                 f"(user_version {version}, tables {tables}); move it away or pass another path"
             )
-        conn.execute(_REFERENCES)  # added to version 1 later: old logs get it on opening
+        conn.execute(_REFERENCES)  # added to version 1 later: old logs get them on opening
+        conn.execute(_PLACEMENTS)
 
 
 def _owner() -> tuple[int, int]:

@@ -29,9 +29,11 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from .backend import REFERENCE_BACKEND
 from .candidates import Candidate
 from .cost import Cost, CostSource
 from .graph import DataflowGraph
+from .subgraph import SubGraph
 
 
 class PlacementError(Exception):
@@ -69,6 +71,12 @@ class Partition:
 
     def __repr__(self):
         return f"Partition({self.backend}, {self.pattern}, {sorted(self.nodes)}, {self.cost_ms:.4g} ms)"
+
+
+def tvm_op(graph: DataflowGraph, node: int, pattern: str) -> Partition:
+    """One op left inline on TVM (a fallback, or what a larger partition leaves), never
+    measured on its own: TVM's own fusion regroups such ops when the module is built."""
+    return Partition(Candidate(SubGraph(graph, frozenset({node})), REFERENCE_BACKEND, pattern), Cost.unknown())
 
 
 @dataclass(frozen=True)

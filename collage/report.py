@@ -17,6 +17,27 @@ def ops_text(ops: list[str]) -> str:
     return shown + (f", ... ({len(ops)} ops)" if len(ops) > MAX_OPS_SHOWN else "")
 
 
+def graph_level_text(g: dict, alternatives: dict) -> str:
+    """The graph-level search in a few lines, with the op-level and refined latencies side by side."""
+    if "skipped" in g:
+        return f"graph-level refinement skipped: {g['skipped']}"
+    op_level = alternatives.get("op-level", {}).get("measured_ms", math.nan)
+    refined = [a["measured_ms"] for name, a in alternatives.items() if name.startswith("graph-level")]
+    best = min(refined) if refined else math.nan
+    return "\n".join([
+        (
+            f"graph-level refinement ({g['engine']}): {g['units']} units, {g['generations']} generations, "
+            f"{g['placements']} placements ({g['measured_now']} measured now), {g['search_s']:.0f} s, "
+            f"stopped by {g['stopped']}"
+        ),
+        (
+            f"  op-level {op_level:.3f} ms -> refined {best:.3f} ms ({op_level / best:.2f}x), timed together; "
+            f"during the search: start {g['start_ms']:.3f} ms, all on {g['engine']} {g['all_on_engine_ms']:.3f} ms, "
+            f"best {g['best_ms']:.3f} ms"
+        ),
+    ])
+
+
 def format_report(opt) -> str:
     """Partitions, each backend's share of the estimated time, estimated vs measured end to
     end, what simplification did, and what was left out and why."""
@@ -58,7 +79,10 @@ def format_report(opt) -> str:
         lines += ["", "placements timed end to end (the fastest is kept):"]
         for name, a in alternatives.items():
             mark = "  <- kept" if name == s.get("chosen") else ""
-            lines.append(f"  {name:<22} estimated {a['estimated_ms']:9.3f} ms, measured {a['measured_ms']:9.3f} ms{mark}")
+            estimated = "-" if not math.isfinite(a["estimated_ms"]) else f"{a['estimated_ms']:.3f}"
+            lines.append(f"  {name:<22} estimated {estimated:>9} ms, measured {a['measured_ms']:9.3f} ms{mark}")
+    if "graph_level" in s:
+        lines += ["", graph_level_text(s["graph_level"], alternatives)]
     if s:
         lines.append(
             f"optimization: {s.get('candidates', 0)} candidates ({s.get('distinct', 0)} distinct), "

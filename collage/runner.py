@@ -135,6 +135,11 @@ def compile_kernel(backend, func: relax.Function, pattern: str, target: str):
         return None, f"compile failed: {type(err).__name__}: {first_line(err)}"
 
 
+def build_vm(mod: tvm.IRModule, target: str = "llvm") -> relax.VirtualMachine:
+    """``mod`` built by TVM's default pipeline for ``target``, on the Relax VM."""
+    return relax.VirtualMachine(tvm.compile(mod, target=target), device_for(target))
+
+
 def device_for(target: str):
     """The TVM device a target runs on."""
     return tvm.cuda() if target == "cuda" else tvm.cpu()

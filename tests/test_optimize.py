@@ -206,3 +206,32 @@ def test_simplification_runs_first_unless_switched_off(tmp_path):
     assert off.simplified is None and sum(len(p.nodes) for p in off.placement) == 3
     x = np.random.default_rng(0).standard_normal((64, 64)).astype("float32")
     np.testing.assert_allclose(on(x), off(x), rtol=1e-6)
+
+
+def test_graph_level_search_returns_a_correct_module_no_slower_than_op_level(tmp_path):
+    """A short graph-level search on a small zoo model: the refined module matches torch, it
+    is no slower than the op-level placement timed in the same run, and a second run with the
+    same seed replays the search from the cost log, measuring nothing."""
+    w = models.load("squeezenet", small=True)
+    log = tmp_path / "c.sqlite"
+
+    def run():
+        return collage.optimize(w.relax, backends=["tvm", "onnxruntime"], cost_log=log, timing=FAST, progress=False,
+                                graph_level=True, budget_s=300, patience=1, seed=3)
+
+    opt = run()
+    got = opt(*[x.numpy() for x in w.inputs])
+    (expected,) = w.reference()
+    assert np.abs(got - expected).max() <= 1e-3 * np.abs(expected).max()
+    timed, g = opt.stats["alternatives"], opt.stats["graph_level"]
+    assert opt.measured.median_ms <= timed["op-level"]["measured_ms"]
+    assert "graph-level #1" in timed and g["units"] > 1 and g["placements"] >= 2
+    assert g["stopped"] in ("patience", "every placement measured")
+    assert g["best_ms"] <= min(g["start_ms"], g["all_on_engine_ms"])
+    report = opt.report()
+    assert f"graph-level refinement ({g['engine']})" in report and "op-level" in report and "refined" in report
+
+    again = run()
+    assert again.stats["graph_level"]["measured_now"] == 0
+    for key in ("engine", "units", "placements", "best_ms", "history_ms"):
+        assert again.stats["graph_level"][key] == g[key]
