@@ -101,17 +101,21 @@ class Measurer:
         if backend == REFERENCE_BACKEND:
             return 0.0
         if backend not in self._transitions:
-            b = self.backends[backend]
-            key = LogKey(b.name, b.library, TRANSITION, self.device.name, self.device.threads, self.precision, TRANSITION)
+            key = self.transition_key(backend)
             cost = self.log.get(key)
             if cost is None:
-                cost = self.log.put(key, measure_transition(b, self.target, self.timing))
+                cost = self.log.put(key, measure_transition(self.backends[backend], self.target, self.timing))
             # A backend that runs none of the probes has no measured transition: it is charged none.
             self._transitions[backend] = cost.value_ms if cost.is_valid else 0.0
         return self._transitions[backend]
 
     def key(self, candidate: Candidate) -> LogKey:
         return LogKey.of(candidate, self.backends[candidate.backend], self.device, self.precision)
+
+    def transition_key(self, backend: str) -> LogKey:
+        """Where ``backend``'s transition cost is logged."""
+        b = self.backends[backend]
+        return LogKey(b.name, b.library, TRANSITION, self.device.name, self.device.threads, self.precision, TRANSITION)
 
     def missing(self, candidates: Iterable[Candidate]) -> list[Candidate]:
         """The distinct candidates with no logged cost, the reference backend first for each

@@ -1,15 +1,21 @@
-"""Bar chart of the peer baselines: latency per peer per model, from the bench's JSON file.
+"""The result plots, from the bench's JSON file.
 
     python -m experiments.plot [experiments/results/peers.json] [experiments/results/peers.png]
+                               [--shares experiments/results/peers_shares.png]
 
-The y axis is logarithmic because untuned TVM can be a hundred times slower than the rest.
-Bars show the median; the whiskers span the middle half of the samples (p25 to p75).
+``plot_latency``: latency per peer per model, collage among the peers. The y axis is
+logarithmic because untuned TVM can be a hundred times slower than the rest. Bars show the
+median; the whiskers span the middle half of the samples (p25 to p75).
+
+``plot_shares``: for each model, how collage's placement splits the estimated time among
+the backends (stacked to 100%), in the colours of the placement pictures (``collage.draw``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -78,26 +84,65 @@ def plot_latency(results_json_path, png_path) -> None:
     plt.close(fig)
 
 
+def plot_shares(results_json_path, png_path) -> None:
+    """One stacked bar per model: each backend's share of collage's estimated time. Models
+    where collage failed or was not run are left out."""
+    from collage.draw import backend_colour
+
+    results = json.loads(Path(results_json_path).read_text())
+    shares = {
+        name: entry["peers"]["collage"]["backend_shares"]
+        for name, entry in results.items()
+        if entry["peers"].get("collage", {}).get("error", "not run") is None
+    }
+    if not shares:
+        raise ValueError(f"{results_json_path}: no model has a collage result with backend shares")
+    backends = sorted(
+        {b for s in shares.values() for b in s}, key=lambda b: -sum(s.get(b, 0.0) for s in shares.values())
+    )
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.0 + 1.4 * len(shares)), 4.5))
+    bottoms = [0.0] * len(shares)
+    for backend in backends:
+        heights = [100 * s.get(backend, 0.0) for s in shares.values()]
+        bars = ax.bar(range(len(shares)), heights, 0.6, bottom=bottoms, label=backend,
+                      color=backend_colour(backend), edgecolor="#555555", linewidth=0.5)  # fmt: skip
+        ax.bar_label(bars, [f"{h:.0f}%" if h >= 5 else "" for h in heights], label_type="center", fontsize=8)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("share of collage's estimated time, %")
+    ax.set_xticks(range(len(shares)))
+    ax.set_xticklabels([textwrap.fill(results[name]["description"], 16) for name in shares], fontsize=9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=len(backends), frameon=False)
+    ax.set_title(_title(results, "Each backend's share of collage's placement"), fontsize=10)
+    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png_path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+
+
 def _model_label(entry: dict) -> str:
     shapes = " ".join("x".join(map(str, shape)) for shape in entry["input_shapes"])
     return f"{entry['description']}\n{shapes}"
 
 
-def _title(results: dict[str, dict]) -> str:
+def _title(results: dict[str, dict], what: str = "Whole-model latency per peer") -> str:
     metas = [entry["meta"] for entry in results.values()]
     threads = "/".join(str(t) for t in sorted({m["threads"] for m in metas}))
     cpus = ", ".join(sorted({m["cpu"] for m in metas}))
-    return f"Whole-model latency per peer\n{cpus}, {threads} threads"
+    return f"{what}\n{cpus}, {threads} threads"
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Draw the peer-baseline bar chart.")
+    parser = argparse.ArgumentParser(description="Draw the latency and backend-share charts from the bench's JSON.")
     parser.add_argument("results", nargs="?", type=Path, default=DEFAULT_RESULTS)
-    parser.add_argument("png", nargs="?", type=Path, help="default: the JSON's path ending in .png")
+    parser.add_argument("png", nargs="?", type=Path, help="latency chart (default: the JSON's path ending in .png)")
+    parser.add_argument("--shares", type=Path, help="backend-share chart (default: the latency chart's name + _shares)")
     args = parser.parse_args(argv)
     png = args.png or args.results.with_suffix(".png")
+    shares = args.shares or png.with_name(f"{png.stem}_shares.png")
     plot_latency(args.results, png)
+    plot_shares(args.results, shares)
     print(png)
+    print(shares)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,7 @@
+"""``python -m collage``: the ``collage`` command (``collage/cli.py``)."""
+
+import sys
+
+from collage.cli import main
+
+sys.exit(main())

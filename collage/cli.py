@@ -1,0 +1,336 @@
+"""The ``collage`` command: optimize an ONNX model, rebuild it from a saved placement, list
+the backends, look into the cost log.
+
+    collage optimize MODEL.onnx [--target llvm] [--graph-level [--budget 600]] [--threads N]
+                                [--out placement.json] [--draw placement.svg]
+    collage run MODEL.onnx [--placement placement.json]
+    collage backends
+    collage log stats | show | clear
+
+A user's mistake (no such file, not an ONNX model, an operator TVM cannot import, an unknown
+backend, a placement made for another model) is one line ``collage: error: ...`` on stderr
+and exit status 2 for a wrong argument, 1 for the rest; argparse's own usage errors exit
+with 2 as usual. A bug in collage itself still shows its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+DEFAULT_PLACEMENT = "placement.json"
+SHOW_LIMIT = 20
+# What each table of the cost log holds, in words (``collage log stats|clear``).
+TABLE_WORDS = {
+    "costs": "measured costs",
+    "reference_outputs": "saved reference outputs",
+    "placement_latency": "end-to-end placement latencies",
+}
+
+
+class UsageError(Exception):
+    """An argument is wrong on its face (an unknown backend, a malformed shape)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    args = parser().parse_args(argv)
+    from .api import OptimizeError
+    from .cost_log import CostLogError
+    from .frontend import ModelImportError
+
+    try:
+        return args.run(args)
+    except UsageError as err:
+        return _fail(err, EXIT_USAGE)
+    except (ModelImportError, OptimizeError, CostLogError) as err:
+        return _fail(err, EXIT_ERROR)
+    except OSError as err:  # a file that cannot be read or written
+        return _fail(f"{err.filename}: {err.strerror}" if err.filename else err, EXIT_ERROR)
+    except KeyboardInterrupt:
+        print("collage: interrupted", file=sys.stderr)
+        return 130
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="collage", description="Place each part of a model on the backend where it runs fastest."
+    )
+    commands = p.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    opt = commands.add_parser("optimize", help="measure, place and assemble an ONNX model; save the placement")
+    _model_arguments(opt)
+    opt.add_argument(
+        "--graph-level", action="store_true", help="refine what goes to whole-graph engines (evolutionary search)"
+    )
+    opt.add_argument(
+        "--budget", type=float, metavar="S", help="seconds for the graph-level search (default: optimize's)"
+    )
+    opt.add_argument(
+        "--out",
+        type=Path,
+        default=Path(DEFAULT_PLACEMENT),
+        help=f"placement file to write (default {DEFAULT_PLACEMENT})",
+    )
+    opt.add_argument(
+        "--draw", type=Path, metavar="PICTURE", help="draw the placement: .svg, .png, .pdf (needs Graphviz) or .dot"
+    )
+    opt.add_argument("--seed", type=int, default=0, help="seed of the random inputs used for checking (default 0)")
+    opt.add_argument("--no-simplify", dest="simplify", action="store_false", help="skip collage.simplify")
+    opt.add_argument("--quiet", action="store_true", help="no progress bar")
+    opt.set_defaults(run=optimize_command)
+
+    run = commands.add_parser(
+        "run", help="rebuild the optimized model from a saved placement and time it (measures nothing)"
+    )
+    _model_arguments(run, defaults_from="the placement")
+    run.add_argument("--placement", type=Path, default=Path(DEFAULT_PLACEMENT), help=f"(default {DEFAULT_PLACEMENT})")
+    run.set_defaults(run=run_command)
+
+    backends = commands.add_parser("backends", help="the registered backends and whether they can run here")
+    backends.set_defaults(run=backends_command)
+
+    log = commands.add_parser("log", help="what the cost log holds")
+    actions = log.add_subparsers(title="actions", required=True, metavar="ACTION")
+    stats = actions.add_parser("stats", help="costs per backend and device")
+    show = actions.add_parser("show", help="the newest costs")
+    show.add_argument("--backend", help="only this backend's costs")
+    show.add_argument(
+        "--limit", type=int, default=SHOW_LIMIT, help=f"at most this many rows (default {SHOW_LIMIT}; 0: all)"
+    )
+    clear = actions.add_parser("clear", help="delete everything in the cost log")
+    clear.add_argument("--yes", action="store_true", help="really delete (without it, say what would go)")
+    for action, command in ((stats, log_stats_command), (show, log_show_command), (clear, log_clear_command)):
+        _log_argument(action)
+        action.set_defaults(run=command)
+    return p
+
+
+def _model_arguments(p: argparse.ArgumentParser, defaults_from: str | None = None) -> None:
+    default = f" (default: {defaults_from}'s)" if defaults_from else ""
+    p.add_argument("model", type=Path, metavar="MODEL.onnx")
+    p.add_argument("--target", choices=("llvm", "cuda"), default=None if defaults_from else "llvm",
+                   help=f"where it runs{default or ' (default llvm)'}")  # fmt: skip
+    p.add_argument(
+        "--backends", metavar="A,B,...", help=f"only these backends{default or ' (default: all registered)'}"
+    )
+    p.add_argument(
+        "--threads", type=_positive, metavar="N", help=f"threads for every backend{default or ' (default: all cores)'}"
+    )
+    p.add_argument(
+        "--shape", action="append", default=[], metavar="INPUT=1x3x224x224", help="fix a dynamic input's shape"
+    )
+    _log_argument(p)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _log_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log", type=Path, metavar="PATH", help="cost log (default $COLLAGE_COST_LOG or ~/.cache/collage/costs.sqlite)"
+    )
+
+
+# -- optimize and run --
+
+
+def optimize_command(args) -> int:
+    from .api import optimize
+    from .frontend import load_onnx
+    from .saved import save_placement
+
+    backends, shapes, extra = _backends(args.backends), _shapes(args.shape), _graph_level(args)
+    _check_picture(args.draw)  # before the minutes of optimizing, not after
+    mod = load_onnx(args.model, shapes)
+    opt = optimize(
+        mod, args.target, backends, args.log, threads=args.threads, simplify=args.simplify,
+        progress=not args.quiet, seed=args.seed, **extra,
+    )  # fmt: skip
+    print(opt.report())
+    print(f"\nplacement written to {save_placement(opt, args.out)}")
+    if args.draw is not None:
+        _draw(opt, args.draw)
+    return EXIT_OK
+
+
+def run_command(args) -> int:
+    from .cost_log import CostLog
+    from .frontend import load_onnx
+    from .saved import load_placement, read_placement
+
+    backends, shapes = _backends(args.backends), _shapes(args.shape)
+    saved = read_placement(args.placement)
+    mod = load_onnx(args.model, shapes)
+    log = CostLog(args.log)
+    logged = len(log)
+    opt = load_placement(mod, args.placement, args.target, backends, log, threads=args.threads)
+    unknown = sum(1 for p in opt.placement if p.cost.is_unknown)
+    print(opt.report())
+    print(
+        f"\nplacement read from {args.placement}: measured 0 candidates (cost log: {logged} rows before, {len(log)} after); "
+        f"{len(opt.placement) - unknown} of {len(opt.placement)} partition costs from the log"
+    )
+    if saved.get("measured_ms") is not None:
+        print(f"when it was made it ran in {saved['measured_ms']:.3f} ms; now {opt.measured.median_ms:.3f} ms")
+    return EXIT_OK
+
+
+def _backends(names: str | None) -> list[str] | None:
+    """The names in ``--backends``, each a registered backend."""
+    if names is None:
+        return None
+    from .backend import default_backends
+
+    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    known = default_backends().names()
+    unknown = [n for n in chosen if n not in known]
+    if unknown or not chosen:
+        what = f"unknown backend(s) {', '.join(unknown)}" if unknown else "--backends names none"
+        raise UsageError(f"{what}; registered: {', '.join(known)} (see `collage backends`)")
+    return chosen
+
+
+def _shapes(specs: list[str]) -> dict[str, list[int]]:
+    """``--shape x=1x3x224x224`` arguments as the ONNX importer's shape dictionary."""
+    shapes = {}
+    for spec in specs:
+        name, _, dims = spec.partition("=")
+        try:
+            shapes[name] = [int(d) for d in dims.split("x")]
+        except ValueError:
+            raise UsageError(f"--shape {spec!r}: write INPUT=1x3x224x224") from None
+        if not name or any(d < 1 for d in shapes[name]):
+            raise UsageError(f"--shape {spec!r}: write INPUT=1x3x224x224 with positive sizes")
+    return shapes
+
+
+def _graph_level(args) -> dict:
+    """The keyword arguments for ``--graph-level`` and ``--budget``."""
+    if not args.graph_level:
+        if args.budget is not None:
+            raise UsageError("--budget is the graph-level search's: give --graph-level too")
+        return {}
+    return {"graph_level": True} | ({"budget_s": args.budget} if args.budget is not None else {})
+
+
+def _check_picture(path: Path | None) -> None:
+    from .draw import FORMATS
+
+    if path is not None and path.suffix.lower().lstrip(".") not in FORMATS:
+        raise UsageError(f"--draw {path}: the name must end in .{', .'.join(FORMATS)}")
+
+
+def _draw(opt, path: Path) -> None:
+    """Draw the placement; a missing Graphviz is a warning, since the placement is saved."""
+    from .draw import DrawError, draw
+
+    try:
+        print(f"picture written to {draw(opt, path)}")
+    except DrawError as err:
+        print(f"collage: warning: {err}", file=sys.stderr)
+
+
+# -- backends --
+
+
+def backends_command(args) -> int:
+    from .backend import TARGETS, default_backends
+
+    backends = default_backends()
+    why_not = {target: backends.usable(target)[1] for target in TARGETS}
+    rows = [("backend", "kind", "targets", "library", "usable here")]
+    for b in backends:
+        status = [f"{t}: {_usable_text(why_not[t].get(b.name))}" for t in b.targets]
+        rows.append((b.name, b.kind, ", ".join(b.targets), b.library, "; ".join(status)))
+    print(_table(rows))
+    return EXIT_OK
+
+
+def _usable_text(reason: str | None) -> str:
+    return "yes" if reason is None else f"no, {reason}"
+
+
+# -- log --
+
+
+def log_stats_command(args) -> int:
+    log = _existing_log(args)
+    if log is None:
+        return EXIT_OK
+    rows = [("backend", "device", "rows", "valid", "failed")]
+    for (backend, device), s in log.stats().items():
+        rows.append((backend, device, str(s.rows), str(s.rows - s.failures), str(s.failures)))
+    print(f"cost log {log.path}")
+    print(_table(rows) if len(rows) > 1 else "(no costs)")
+    print("; ".join(f"{n} {TABLE_WORDS.get(t, t)}" for t, n in log.sizes().items()))
+    return EXIT_OK
+
+
+def log_show_command(args) -> int:
+    log = _existing_log(args)
+    if log is None:
+        return EXIT_OK
+    found = log.rows(args.backend, args.limit or None)
+    rows = [("measured at", "backend", "pattern", "threads", "key", "cost")]
+    for r in found:
+        cost = (
+            f"{r.median_ms:.4g} ms ± {r.spread_ms:.2g}, {r.samples} samples"
+            if r.failure is None
+            else f"failed: {r.failure}"
+        )
+        rows.append((r.measured_at, r.backend, r.pattern, str(r.threads), r.key[:12], cost))
+    total = sum(s.rows for (b, _), s in log.stats().items() if args.backend in (None, b))
+    print(f"cost log {log.path}: {len(found)} of {total} rows, newest first")
+    if found:
+        print(_table(rows))
+    return EXIT_OK
+
+
+def log_clear_command(args) -> int:
+    log = _existing_log(args)
+    if log is None:
+        return EXIT_OK
+    held = "; ".join(f"{n} {TABLE_WORDS.get(t, t)}" for t, n in log.sizes().items())
+    if not args.yes:
+        print(f"would delete from {log.path}: {held}; pass --yes to delete")
+        return EXIT_ERROR
+    log.clear()
+    print(f"deleted from {log.path}: {held}")
+    return EXIT_OK
+
+
+def _existing_log(args):
+    """The cost log to look into, or None (and a line saying so) when there is none: looking
+    must not create one."""
+    from .cost_log import CostLog, default_path
+
+    path = args.log or default_path()
+    if not path.exists():
+        print(f"no cost log at {path} (nothing measured there yet)")
+        return None
+    return CostLog(path)
+
+
+# -- output --
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """Left-aligned columns, two spaces apart; the last column is not padded."""
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows)
+
+
+def _fail(err: Exception | str, status: int) -> int:
+    """Say what went wrong on one line of stderr."""
+    print(f"collage: error: {' '.join(str(err).split())}", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

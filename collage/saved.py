@@ -1,0 +1,301 @@
+"""Saved placements: what ``optimize`` chose, as a JSON file, and the module rebuilt from it.
+
+``save_placement`` writes which backend runs which operators, with the model's structural
+hash, so the placement can be used again without measuring. ``load_placement`` binds and
+simplifies the model as ``optimize`` did, checks it is the model the placement was made for,
+rebuilds each partition from its node set (any set: the graph-level search hands engines
+regions no generator produced), reads the costs from the cost log and measures none, then
+assembles the module, checks it against the unoptimized one and times it end to end.
+
+The file is plain JSON::
+
+    {"format": "collage-placement", "version": 1,
+     "model": {"hash": "fa464a9e5ad929aa", "ops": 5},
+     "target": "llvm", "threads": 2, "simplify": true, "seed": 0,
+     "estimated_ms": 0.005, "measured_ms": 0.006,
+     "partitions": [{"backend": "tvm", "pattern": "tvm.fused", "nodes": [0, 1],
+                     "ops": ["relax.nn.conv2d", "relax.nn.relu"], "cost_ms": 0.0027}, ...]}
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+import tvm
+import tvm_ffi
+
+from .api import (
+    TARGETS,
+    OptimizedModule,
+    OptimizeError,
+    _assemble_and_check,
+    _backend_set,
+    _bound_main,
+    _graph,
+    _reference,
+)
+from .backend import REFERENCE_BACKEND, Backend, BackendSet, default_backends
+from .candidates import Candidate
+from .cost import Cost
+from .cost_log import CostLog
+from .graph import DataflowGraph
+from .measure import Measurer, pin_threads
+from .placement import Partition, Placement
+from .runner import device_for, random_inputs, to_tensors
+from .simplify import simplify as simplify_module
+from .subgraph import SubGraph
+from .timing import time_interleaved
+
+FORMAT = "collage-placement"
+VERSION = 1
+
+
+class PlacementFileError(OptimizeError):
+    """The placement file cannot be read, or was made for another model."""
+
+
+# -- saving --
+
+
+def save_placement(opt: OptimizedModule, path: str | os.PathLike) -> Path:
+    """Write ``opt``'s placement to ``path`` as JSON; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(placement_record(opt), indent=1) + "\n")
+    return path
+
+
+def placement_record(opt: OptimizedModule) -> dict:
+    """The JSON-ready record of ``opt``'s placement (see the module docstring)."""
+    if not opt.placement:
+        raise ValueError("an empty placement has nothing to save")
+    graph = opt.placement[0].candidate.subgraph.graph
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": {"hash": model_hash(graph), "ops": len(graph)},
+        "target": opt.target,
+        "threads": opt.threads,
+        "simplify": opt.simplified is not None,
+        "seed": opt.stats.get("seed"),  # None when optimize did not record it; any seed rebuilds
+        "estimated_ms": _json_number(opt.estimated_ms),
+        "measured_ms": _json_number(opt.measured.median_ms),
+        "partitions": [
+            {
+                "backend": p.backend,
+                "pattern": p.pattern,
+                "nodes": sorted(p.nodes),
+                "ops": p.ops,
+                "cost_ms": _json_number(p.cost_ms),
+            }
+            for p in opt.placement
+        ],
+    }
+
+
+def model_hash(graph: DataflowGraph) -> str:
+    """The structural hash of the (bound, simplified) ``main`` the placement indexes."""
+    return f"{tvm_ffi.structural_hash(graph.func):016x}"
+
+
+def _json_number(ms: float) -> float | None:
+    """Milliseconds for JSON, which has no NaN: None for a cost never measured."""
+    return None if math.isnan(ms) else round(ms, 6)
+
+
+# -- loading --
+
+
+def read_placement(path: str | os.PathLike) -> dict:
+    """The record saved at ``path``; ``PlacementFileError`` if it is not one."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PlacementFileError(f"{path}: no such placement file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PlacementFileError(f"{path}: not a collage placement file ({err})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise PlacementFileError(f'{path}: not a collage placement file (no "format": "{FORMAT}")')
+    if record.get("version") != VERSION:
+        raise PlacementFileError(
+            f"{path}: placement format version {record.get('version')}; this collage reads {VERSION}"
+        )
+    missing = [k for k in ("model", "target", "threads", "simplify", "partitions") if k not in record]
+    if missing:
+        raise PlacementFileError(f"{path}: placement file lacks {', '.join(missing)}")
+    if not isinstance(record["model"], dict) or not isinstance(record["partitions"], list):
+        raise PlacementFileError(f"{path}: placement file's model is not an object or its partitions not a list")
+    for k, entry in enumerate(record["partitions"]):
+        if not _is_partition(entry):
+            raise PlacementFileError(f"{path}: partition {k} is not {{backend, pattern, nodes, ops}}: {entry}")
+    return record
+
+
+def _is_partition(entry) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("backend"), str)
+        and isinstance(entry.get("pattern"), str)
+        and isinstance(entry.get("nodes"), list)
+        and len(entry["nodes"]) > 0
+        and all(isinstance(i, int) for i in entry["nodes"])
+        and isinstance(entry.get("ops"), list)
+    )
+
+
+def load_placement(
+    mod: tvm.IRModule,
+    path: str | os.PathLike,
+    target: str | None = None,
+    backends: BackendSet | Iterable[Backend | str] | None = None,
+    cost_log: CostLog | str | None = None,
+    *,
+    params: Mapping[str, np.ndarray] | None = None,
+    threads: int | None = None,
+    seed: int | None = None,
+) -> OptimizedModule:
+    """``mod`` placed as the file at ``path`` says, without measuring any candidate.
+
+    ``mod`` and ``params`` are what was given to ``optimize``; target, threads, simplification
+    and seed default to the saved ones, ``backends`` to those the placement uses. Partition
+    costs come from ``cost_log`` (unknown when the log lacks them: another machine, thread
+    count or library version). The module is checked against the unoptimized one, as
+    ``optimize`` does, and timed end to end. Raises ``PlacementFileError`` when the file does
+    not fit ``mod``.
+    """
+    record = read_placement(path)
+    target = target or record["target"]
+    if target not in TARGETS:
+        raise OptimizeError(f"unknown target {target!r}; collage supports {', '.join(TARGETS)}")
+    threads = threads or record["threads"]
+    seed = seed if seed is not None else record.get("seed") or 0
+    pin_threads(threads)
+    original = _bound_main(mod, params)
+    backend_set = _backend_set(backends if backends is not None else _placement_backends(record))
+    usable, excluded = backend_set.usable(target)
+
+    report, prepared = None, original
+    if record["simplify"]:
+        prepared, report = simplify_module(original, report=True)
+    graph = _graph(prepared)
+    _check_model(graph, record, path)
+    _check_backends(record, backend_set, excluded, path)
+
+    log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
+    costs = LoggedCosts(Measurer(BackendSet(usable), target, threads, log))
+    partitions = tuple(_partition(graph, entry, costs) for entry in record["partitions"])
+    _check_cover(graph, partitions, path)
+
+    arrays = random_inputs(original["main"], seed)
+    expected = _reference(original, arrays, log, seed, target)
+    assembly, vm, placed, fallbacks = _assemble_and_check(
+        graph, Placement(graph, partitions), expected, arrays, backend_set, target
+    )
+    inputs = to_tensors(arrays, device_for(target))
+    measured = time_interleaved({"placement": functools.partial(vm["main"], *inputs)})["placement"]
+    return OptimizedModule(
+        module=assembly.module,
+        placement=placed,
+        target=target,
+        threads=threads,
+        estimated_ms=sum(p.cost_ms for p in placed if not math.isnan(p.cost_ms)),
+        measured=measured,
+        simplified=report,
+        stats={},  # nothing generated or measured: the report's optimization line does not apply
+        excluded=excluded,
+        fallbacks=fallbacks,
+        _assembly=assembly,
+        _vm=vm,
+        _params=list(original["main"].params),
+    )
+
+
+def _placement_backends(record: dict) -> list[str]:
+    """The registered backends the placement runs on, and TVM, which every fallback needs
+    (``_check_backends`` names any that is not registered)."""
+    named = {REFERENCE_BACKEND} | {entry["backend"] for entry in record["partitions"]}
+    return sorted(named & set(default_backends().names()))
+
+
+class LoggedCosts:
+    """Costs as the cost log holds them, keyed as ``measurer`` keys them; nothing is measured."""
+
+    def __init__(self, measurer: Measurer):
+        self.measurer = measurer
+
+    def cost(self, candidate: Candidate) -> Cost:
+        """The logged cost, or unknown."""
+        return self.measurer.log.get(self.measurer.key(candidate)) or Cost.unknown()
+
+    def transition_ms(self, backend: str) -> float:
+        """The logged transition cost (none for TVM, none for a backend whose probes all
+        failed, as the measurer charges), or NaN when the log lacks it."""
+        if backend == REFERENCE_BACKEND:
+            return 0.0
+        cost = self.measurer.log.get(self.measurer.transition_key(backend))
+        if cost is None:
+            return math.nan
+        return cost.value_ms if cost.is_valid else 0.0
+
+
+def _partition(graph: DataflowGraph, entry: dict, costs: LoggedCosts) -> Partition:
+    """One saved partition on ``graph``, its costs from the log (unknown when either the
+    kernel's or the transition's is missing)."""
+    candidate = Candidate(SubGraph(graph, frozenset(entry["nodes"])), entry["backend"], entry["pattern"])
+    cost, transition = costs.cost(candidate), costs.transition_ms(candidate.backend)
+    if math.isnan(transition):
+        return Partition(candidate, Cost.unknown())
+    return Partition(candidate, cost, 0.0 if cost.is_unknown else transition)
+
+
+def _check_model(graph: DataflowGraph, record: dict, path) -> None:
+    """The model is the one the placement was made for: same hash, same op at every node."""
+    saved = record["model"]
+    if saved.get("hash") != model_hash(graph) or saved.get("ops") != len(graph):
+        raise PlacementFileError(
+            f"{path}: placement was made for another model (saved: {saved.get('ops')} ops, hash {saved.get('hash')}; "
+            f"this model: {len(graph)} ops, hash {model_hash(graph)})"
+        )
+    for k, entry in enumerate(record["partitions"]):
+        nodes = entry["nodes"]
+        if any(not 0 <= i < len(graph) for i in nodes):
+            raise PlacementFileError(f"{path}: partition {k} names nodes outside the model: {nodes}")
+        ops = [graph[i].op for i in sorted(nodes)]
+        if entry["ops"] != ops:
+            raise PlacementFileError(
+                f"{path}: placement was made for another model (partition {k}: ops {entry['ops']}, model has {ops})"
+            )
+
+
+def _check_backends(record: dict, backend_set: BackendSet, excluded: dict[str, str], path) -> None:
+    for name in sorted({entry["backend"] for entry in record["partitions"]}):
+        if name not in backend_set.names():
+            raise PlacementFileError(
+                f"{path}: the placement uses backend {name!r}; the backends here are {', '.join(backend_set.names())}"
+            )
+        if name in excluded:
+            raise PlacementFileError(
+                f"{path}: the placement uses backend {name!r}, which cannot run here: {excluded[name]}"
+            )
+
+
+def _check_cover(graph: DataflowGraph, partitions: tuple[Partition, ...], path) -> None:
+    """Every node in exactly one partition, and each partition after those it reads from."""
+    placed: set[int] = set()
+    for k, p in enumerate(partitions):
+        if p.nodes & placed:
+            raise PlacementFileError(f"{path}: partition {k} repeats node(s) {sorted(p.nodes & placed)}")
+        waiting = p.candidate.subgraph.input_nodes - placed
+        if waiting:
+            raise PlacementFileError(f"{path}: partition {k} reads node(s) {sorted(waiting)} before they are computed")
+        placed |= p.nodes
+    if len(placed) != len(graph):
+        missing = sorted(set(range(len(graph))) - placed)
+        raise PlacementFileError(f"{path}: the placement leaves node(s) {missing[:10]} unplaced")

@@ -1,0 +1,181 @@
+"""The ``collage`` command, run in subprocesses as a user runs it, on a tiny ONNX model.
+
+One ``collage optimize`` (module fixture) feeds the tests of its output, of ``collage run``
+and of ``collage log``; every process uses a cost log of this module's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_onnx import write_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = "tvm,onnxruntime"  # two quick ones: an op-level library and an inference engine
+
+
+def collage(*args, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "collage", *map(str, args)],
+        check=False, capture_output=True, text=True, env=env, cwd=cwd, timeout=300,
+    )  # fmt: skip
+
+
+def logged_costs(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT COUNT(*) FROM costs").fetchone()[0]
+
+
+def assert_one_error_line(done: subprocess.CompletedProcess, *words: str) -> str:
+    """A user's mistake: non-zero status, one line on stderr naming it, no traceback."""
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("collage: error: "), done.stderr
+    for word in words:
+        assert word in lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli")
+    write_tiny_model(path / "tiny.onnx")
+    return path
+
+
+@pytest.fixture(scope="module")
+def env(workdir) -> dict:
+    return {**os.environ, "COLLAGE_COST_LOG": str(workdir / "costs.sqlite"), "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def optimized(workdir, env) -> subprocess.CompletedProcess:
+    return collage(
+        "optimize", "tiny.onnx", "--backends", BACKENDS, "--threads", 2, "--quiet", "--graph-level", "--budget", 30,
+        "--out", "placement.json", "--draw", "placement.svg", env=env, cwd=workdir,
+    )  # fmt: skip
+
+
+def test_the_command_is_installed_as_a_console_script():
+    (script,) = entry_points(group="console_scripts", name="collage")
+    assert script.value == "collage.cli:main"
+
+
+def test_optimize_prints_the_report_and_writes_the_placement(optimized, workdir):
+    assert optimized.returncode == 0, optimized.stderr
+    assert "Traceback" not in optimized.stderr
+    assert "collage placement:" in optimized.stdout and "end to end: estimated" in optimized.stdout
+    assert "graph-level refinement (onnxruntime)" in optimized.stdout
+    assert "placement written to placement.json" in optimized.stdout
+    saved = json.loads((workdir / "placement.json").read_text())
+    assert saved["format"] == "collage-placement" and saved["target"] == "llvm" and saved["threads"] == 2
+    assert sorted(i for p in saved["partitions"] for i in p["nodes"]) == list(range(saved["model"]["ops"]))
+    assert {p["backend"] for p in saved["partitions"]} <= set(BACKENDS.split(","))
+
+
+def test_optimize_draws_the_placement_as_dot(optimized, workdir):
+    dot = (workdir / "placement.dot").read_text()  # written beside the picture, Graphviz or not
+    assert dot.startswith("digraph placement {") and "subgraph cluster_0 {" in dot
+    assert "conv2d" in dot and "matmul" in dot
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's `dot` is not installed (apt-get install graphviz)")
+def test_optimize_draws_the_placement_as_svg(optimized, workdir):
+    assert "picture written to placement.svg" in optimized.stdout
+    assert "<svg" in (workdir / "placement.svg").read_text()
+
+
+def test_run_rebuilds_from_the_placement_without_measuring(optimized, workdir, env):
+    before = logged_costs(workdir / "costs.sqlite")
+    done = collage("run", "tiny.onnx", "--placement", "placement.json", env=env, cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    assert "collage placement:" in done.stdout and "measured 0 candidates" in done.stdout
+    assert logged_costs(workdir / "costs.sqlite") == before
+
+
+def test_run_refuses_a_placement_made_for_another_model(optimized, workdir, env):
+    write_tiny_model(workdir / "other.onnx", seed=1)  # the same layers, other weights
+    done = collage("run", "other.onnx", "--placement", "placement.json", env=env, cwd=workdir)
+    assert_one_error_line(done, "placement was made for another model")
+
+
+def test_backends_lists_each_backend_with_its_library_and_whether_it_runs_here(workdir, env):
+    done = collage("backends", env=env, cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.strip().splitlines()
+    assert header.split() == ["backend", "kind", "targets", "library", "usable", "here"]
+    names = [row.split()[0] for row in rows]
+    assert {"tvm", "dnnl", "mkl", "onnxruntime", "openvino", "cudnn", "cublas", "tensorrt"} <= set(names)
+    tvm = rows[names.index("tvm")]
+    assert "op-level" in tvm and "Apache TVM" in tvm and "llvm: yes" in tvm
+    assert all(": yes" in row or ": no, " in row for row in rows)
+
+
+def test_log_stats_and_show(optimized, workdir, env):
+    stats = collage("log", "stats", env=env, cwd=workdir)
+    assert stats.returncode == 0, stats.stderr
+    rows = {
+        line.split()[0]: line.split()
+        for line in stats.stdout.splitlines()[2:]
+        if line.startswith(("tvm ", "onnxruntime "))
+    }
+    assert set(rows) == {"tvm", "onnxruntime"}
+    assert int(rows["tvm"][-3]) >= 1  # rows, then valid and failed
+
+    show = collage("log", "show", "--backend", "tvm", "--limit", 2, env=env, cwd=workdir)
+    assert show.returncode == 0, show.stderr
+    lines = show.stdout.strip().splitlines()
+    assert lines[0].startswith("cost log ") and "2 of" in lines[0]
+    assert len(lines) == 4 and all(line.split()[1] == "tvm" for line in lines[2:])
+
+
+def test_log_clear_wants_yes(optimized, workdir, env):
+    copy = workdir / "copy.sqlite"
+    with sqlite3.connect(workdir / "costs.sqlite") as source, sqlite3.connect(copy) as target:
+        source.backup(target)
+    held = logged_costs(copy)
+    assert held > 0
+
+    asked = collage("log", "clear", "--log", copy, env=env, cwd=workdir)
+    assert asked.returncode == 1 and f"{held} measured costs" in asked.stdout and "--yes" in asked.stdout
+    assert logged_costs(copy) == held
+
+    cleared = collage("log", "clear", "--log", copy, "--yes", env=env, cwd=workdir)
+    assert cleared.returncode == 0, cleared.stderr
+    assert logged_costs(copy) == 0
+
+
+def test_log_commands_create_no_log(workdir, env):
+    done = collage("log", "stats", "--log", "nowhere.sqlite", env=env, cwd=workdir)
+    assert done.returncode == 0 and "no cost log at nowhere.sqlite" in done.stdout
+    assert not (workdir / "nowhere.sqlite").exists()
+
+
+def _junk(path: Path) -> Path:
+    path.write_bytes(b"\x08\x0a\x12\xff\xff not ONNX, only bytes \x00\x01\x02")
+    return path
+
+
+MISTAKES = {
+    "missing file": (lambda d: d / "missing.onnx", [], ["missing.onnx", "no such file"]),
+    "malformed ONNX": (lambda d: _junk(d / "junk.onnx"), [], ["junk.onnx", "not an ONNX model"]),
+    "unsupported operator": (lambda d: write_tiny_model(d / "celu.onnx", "Celu"), [], ["does not support", "Celu"]),
+    "unknown backend": (lambda d: d / "tiny.onnx", ["--backends", "tvm,nosuch"], ["unknown backend", "nosuch"]),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_a_users_mistake_is_one_line_without_traceback(mistake, workdir, env):
+    model, options, words = MISTAKES[mistake]
+    done = collage("optimize", model(workdir), *options, "--quiet", env=env, cwd=workdir)
+    assert_one_error_line(done, *words)

@@ -1,0 +1,87 @@
+"""Saved placements: written by ``save_placement``, rebuilt by ``load_placement`` without
+measuring, and refused for another model or a damaged file."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import collage
+from collage.saved import PlacementFileError, read_placement
+from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
+
+BACKENDS = ["tvm", "onnxruntime"]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """The tiny model optimized once, its placement saved: (dir, module, optimized, log)."""
+    path = tmp_path_factory.mktemp("saved")
+    mod = collage.load_onnx(write_tiny_model(path / "tiny.onnx"))
+    log = collage.CostLog(path / "costs.sqlite")
+    opt = collage.optimize(mod, backends=BACKENDS, cost_log=log, threads=2, progress=False)
+    opt.save_placement(path / "placement.json")
+    return path, mod, opt, log
+
+
+def parts(placement):
+    return [(p.backend, p.pattern, p.nodes) for p in placement]
+
+
+def test_a_saved_placement_rebuilds_the_same_module_without_measuring(made):
+    path, mod, opt, log = made
+    logged = len(log)
+    again = collage.load_placement(mod, path / "placement.json", cost_log=log)
+    assert len(log) == logged
+    assert parts(again.placement) == parts(opt.placement)
+    assert again.target == opt.target and again.threads == opt.threads == 2
+    assert all(p.cost.is_valid for p in again.placement)  # every cost found in the log
+    assert math.isclose(again.estimated_ms, sum(p.cost_ms for p in opt.placement), rel_tol=1e-6)
+    assert again.measured.is_valid and again.measured.samples > 1
+    x = np.random.default_rng(0).standard_normal(INPUT_SHAPE).astype("float32")
+    np.testing.assert_allclose(again(x), opt(x), rtol=1e-5)
+
+
+def test_the_file_records_the_model_and_each_partition(made):
+    path, _, opt, _ = made
+    saved = read_placement(path / "placement.json")
+    assert saved["model"]["ops"] == 5 and len(saved["model"]["hash"]) == 16
+    assert saved["simplify"] is True and saved["measured_ms"] == pytest.approx(opt.measured.median_ms, abs=1e-6)
+    first = saved["partitions"][0]
+    assert set(first) == {"backend", "pattern", "nodes", "ops", "cost_ms"}
+    assert first["nodes"] == sorted(first["nodes"]) and first["ops"][0] == "relax.nn.conv2d"
+
+
+def test_a_placement_for_another_model_is_refused(made):
+    path, _, _, log = made
+    other = collage.load_onnx(write_tiny_model(path / "other.onnx", seed=1))
+    with pytest.raises(PlacementFileError, match="placement was made for another model"):
+        collage.load_placement(other, path / "placement.json", cost_log=log)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda record: record["partitions"].pop(), "unplaced"),
+        (lambda record: record["partitions"].reverse(), "before they are computed"),
+        (lambda record: record.update(format="something else"), "not a collage placement file"),
+        (lambda record: record["partitions"][0].update(backend="nosuch"), "backend 'nosuch'"),
+    ],
+    ids=["a partition missing", "out of order", "another format", "unknown backend"],
+)
+def test_a_damaged_placement_file_is_refused(made, tmp_path, damage, message):
+    path, mod, _, log = made
+    record = json.loads((path / "placement.json").read_text())
+    damage(record)
+    (tmp_path / "damaged.json").write_text(json.dumps(record))
+    with pytest.raises(PlacementFileError, match=message):
+        collage.load_placement(mod, tmp_path / "damaged.json", cost_log=log)
+
+
+def test_a_file_that_is_not_json_is_refused(tmp_path):
+    (tmp_path / "placement.json").write_text("not json")
+    with pytest.raises(PlacementFileError, match="not a collage placement file"):
+        read_placement(tmp_path / "placement.json")
