@@ -11,6 +11,7 @@ from collage.offload import OffloadSpace, convex_pieces, in_running_order
 from collage.pattern import PatternRule
 from collage.placement import Partition
 from collage.subgraph import SubGraph
+from tests.test_placement import Diamond  # exp -> (relu, sigmoid) -> add
 
 
 def engine_running(*ops: str) -> Backend:
@@ -49,18 +50,6 @@ class Chain:
             R.output(e)
         return e
 
-
-@I.ir_module
-class Diamond:
-    @R.function
-    def main(x: R.Tensor((4,), "float32")):
-        with R.dataflow():
-            a = R.exp(x)        # 0
-            b = R.nn.relu(a)    # 1
-            c = R.sigmoid(a)    # 2
-            d = R.add(b, c)     # 3
-            R.output(d)
-        return d
 # fmt: on
 
 
