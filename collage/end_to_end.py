@@ -81,9 +81,8 @@ class EndToEnd:
         return cost
 
     def release(self) -> None:
-        """Drop the kept kernels. Each holds its library's session and threads; left alive
-        beside the modules timed at the end, a search's hundreds of them slowed those modules
-        (Inception-v3: 52 ms instead of 30)."""
+        """Drop the kept kernels: each holds its library's session, threads and weights, and
+        nothing after the search needs them."""
         self._compiled.clear()
         gc.collect()
 
