@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from .graph import DataflowGraph
 from .measure import Measurer, default_threads, pin_threads
 from .placement import Partition, Placement, PlacementError, place, tvm_op
 from .refine import refine
-from .report import format_report
+from .report import backend_totals, format_report
 from .runner import build_vm, device_for, mismatch, numpy_outputs, random_inputs, run_kernel, static_shape, to_tensors
 from .simplify import SimplifyReport
 from .simplify import simplify as simplify_module
@@ -90,11 +89,9 @@ class OptimizedModule:
 
     def backend_shares(self) -> dict[str, float]:
         """Each backend's share of the estimated time (fallbacks, never measured, count zero)."""
-        ms: dict[str, float] = {}
-        for p in self.placement:
-            ms[p.backend] = ms.get(p.backend, 0.0) + (0.0 if math.isnan(p.cost_ms) else p.cost_ms)
-        total = sum(ms.values()) or 1.0
-        return {b: v / total for b, v in sorted(ms.items(), key=lambda kv: -kv[1])}
+        totals = backend_totals(self.placement)
+        all_ms = sum(t.ms for t in totals.values()) or 1.0
+        return {backend: t.ms / all_ms for backend, t in totals.items()}
 
     def report(self) -> str:
         return format_report(self)
@@ -221,10 +218,7 @@ def optimize(
     # The additive model misses what kernels do to each other (threads handed over, caches
     # emptied), so the op-level answer, each engine's own regions and the graph-level leaders
     # are timed end to end, in alternation, and the fastest is kept.
-    inputs = to_tensors(arrays, device_for(target))
-    measured = time_interleaved(
-        {name: functools.partial(b[1]["main"], *inputs) for name, b in built.items()}, **FINALIST_TIMING
-    )
+    measured = _time_finalists(built, {name: name for name in built}, arrays, target)
     chosen = min(measured, key=lambda name: measured[name].median_ms)
     stats["alternatives"] = {
         name: {"estimated_ms": placements[name].estimated_ms, "measured_ms": measured[name].median_ms}
@@ -355,12 +349,17 @@ def _best_engine(engines, alone: dict[str, str], built, arrays, target):
     timed = {e.name: alone[e.name] for e in engines if e.name in alone}
     if len(set(timed.values())) < 2:
         return next((e for e in engines if e.name in timed), engines[0])
-    inputs = to_tensors(arrays, device_for(target))
-    times = time_interleaved(
-        {e: functools.partial(built[name][1]["main"], *inputs) for e, name in timed.items()}, **FINALIST_TIMING
-    )
+    times = _time_finalists(built, timed, arrays, target)
     fastest = min(times, key=lambda e: times[e].median_ms)
     return next(e for e in engines if e.name == fastest)
+
+
+def _time_finalists(built, names: dict[str, str], arrays, target) -> dict[str, Cost]:
+    """End-to-end cost of each built finalist (``names``: label -> finalist), timed in
+    alternation on ``arrays``."""
+    inputs = to_tensors(arrays, device_for(target))
+    calls = {label: functools.partial(built[name][1]["main"], *inputs) for label, name in names.items()}
+    return time_interleaved(calls, **FINALIST_TIMING)
 
 
 def _priced(partitions, measurer) -> tuple[Partition, ...]:

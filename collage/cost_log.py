@@ -42,6 +42,15 @@ TABLE = "costs"
 # Writers hold the lock for one short statement; a minute covers many processes queueing.
 BUSY_TIMEOUT_S = 60.0
 
+# What every measurement row holds after its key: the measurement, or the failure reason.
+_MEASUREMENT_COLUMNS = """
+    median_ms   REAL,
+    spread_ms   REAL,
+    samples     INTEGER,
+    measured_at TEXT NOT NULL,
+    failure     TEXT,
+    CHECK ((failure IS NULL) = (median_ms IS NOT NULL)),"""
+
 _SCHEMA = f"""
 CREATE TABLE {TABLE} (
     backend     TEXT NOT NULL,
@@ -50,13 +59,7 @@ CREATE TABLE {TABLE} (
     device      TEXT NOT NULL,
     threads     INTEGER NOT NULL,
     precision   TEXT NOT NULL,
-    pattern     TEXT NOT NULL,
-    median_ms   REAL,
-    spread_ms   REAL,
-    samples     INTEGER,
-    measured_at TEXT NOT NULL,
-    failure     TEXT,
-    CHECK ((failure IS NULL) = (median_ms IS NOT NULL)),
+    pattern     TEXT NOT NULL,{_MEASUREMENT_COLUMNS}
     PRIMARY KEY (backend, library, key, device, threads, precision, pattern)
 )"""
 
@@ -73,24 +76,18 @@ CREATE TABLE IF NOT EXISTS reference_outputs (
 # Whole placements timed end to end by the graph-level search (evolve.py), so a second search
 # over the same model measures none of the placements the first one did. ``placement`` names
 # each partition (backend, pattern, nodes); ``libraries`` the versions of the backends it uses.
-_PLACEMENTS = """
-CREATE TABLE IF NOT EXISTS placement_latency (
+PLACEMENTS = "placement_latency"
+_PLACEMENTS = f"""
+CREATE TABLE IF NOT EXISTS {PLACEMENTS} (
     model       TEXT NOT NULL,
     placement   TEXT NOT NULL,
     device      TEXT NOT NULL,
     threads     INTEGER NOT NULL,
-    libraries   TEXT NOT NULL,
-    median_ms   REAL,
-    spread_ms   REAL,
-    samples     INTEGER,
-    measured_at TEXT NOT NULL,
-    failure     TEXT,
-    CHECK ((failure IS NULL) = (median_ms IS NOT NULL)),
+    libraries   TEXT NOT NULL,{_MEASUREMENT_COLUMNS}
     PRIMARY KEY (model, placement, device, threads, libraries)
 )"""
 
 _KEY_COLUMNS = ("backend", "library", "key", "device", "threads", "precision", "pattern")
-_WHERE_KEY = " AND ".join(f"{c} = ?" for c in _KEY_COLUMNS)
 
 
 class CostLogError(Exception):
@@ -138,9 +135,6 @@ class PlacementKey(NamedTuple):
     libraries: str  # "backend=library version;..." of the backends the placement uses
 
 
-_WHERE_PLACEMENT = " AND ".join(f"{c} = ?" for c in PlacementKey._fields)
-
-
 class Stats(NamedTuple):
     rows: int
     failures: int
@@ -185,31 +179,13 @@ class CostLog:
 
     def get(self, key: LogKey) -> Cost | None:
         """The logged cost for ``key``, or None when it was never measured."""
-        with self._connection() as conn:
-            row = conn.execute(
-                f"SELECT median_ms, spread_ms, samples, failure FROM {TABLE} WHERE {_WHERE_KEY}", key.values()
-            ).fetchone()
-        return None if row is None else _cost_from_row(*row)
+        return self._get(TABLE, _KEY_COLUMNS, key.values())
 
     def put(self, key: LogKey, cost: Cost) -> Cost:
         """Log ``cost`` for ``key`` unless a cost is already there; returns the logged one."""
         if cost.is_unknown:
             raise ValueError(f"an unknown cost is not a measurement; not logging it for {key}")
-        measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        if cost.is_valid:
-            measurement = (cost.median_ms, cost.spread_ms, cost.samples, None)
-        else:
-            measurement = (None, None, None, cost.reason)
-        with self._connection() as conn:
-            conn.execute(
-                f"INSERT OR IGNORE INTO {TABLE} ({', '.join(_KEY_COLUMNS)}, median_ms, spread_ms, samples, "
-                f"failure, measured_at) VALUES ({', '.join('?' * (len(_KEY_COLUMNS) + 5))})",
-                (*key.values(), *measurement, measured_at),
-            )
-            row = conn.execute(
-                f"SELECT median_ms, spread_ms, samples, failure FROM {TABLE} WHERE {_WHERE_KEY}", key.values()
-            ).fetchone()
-        return _cost_from_row(*row)
+        return self._put(TABLE, _KEY_COLUMNS, key.values(), cost)
 
     def get_reference(self, model: str) -> list[np.ndarray] | None:
         """The outputs saved for ``model`` (a key naming the module, inputs and target), or None."""
@@ -232,31 +208,33 @@ class CostLog:
 
     def get_latency(self, key: PlacementKey) -> Cost | None:
         """The end-to-end latency logged for a whole placement, or None."""
-        with self._connection() as conn:
-            row = conn.execute(
-                f"SELECT median_ms, spread_ms, samples, failure FROM placement_latency WHERE {_WHERE_PLACEMENT}",
-                key,
-            ).fetchone()
-        return None if row is None else _cost_from_row(*row)
+        return self._get(PLACEMENTS, PlacementKey._fields, key)
 
     def put_latency(self, key: PlacementKey, cost: Cost) -> Cost:
         """Log a whole placement's latency unless one is there (first writer wins, as for
         costs); returns the logged one."""
         if cost.is_unknown:
             raise ValueError("an unknown cost is not a measurement")
+        return self._put(PLACEMENTS, PlacementKey._fields, key, cost)
+
+    def _get(self, table: str, columns: tuple[str, ...], values: tuple) -> Cost | None:
+        with self._connection() as conn:
+            return _select_cost(conn, table, columns, values)
+
+    def _put(self, table: str, columns: tuple[str, ...], values: tuple, cost: Cost) -> Cost:
+        """Insert the row unless its key is there (the first writer wins); the stored cost."""
         measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        measurement = (cost.median_ms, cost.spread_ms, cost.samples, None) if cost.is_valid else (None, None, None, cost.reason)
+        if cost.is_valid:
+            measurement = (cost.median_ms, cost.spread_ms, cost.samples, None)
+        else:
+            measurement = (None, None, None, cost.reason)
         with self._connection() as conn:
             conn.execute(
-                "INSERT OR IGNORE INTO placement_latency (model, placement, device, threads, libraries, "
-                "median_ms, spread_ms, samples, failure, measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (*key, *measurement, measured_at),
+                f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}, median_ms, spread_ms, samples, failure, "
+                f"measured_at) VALUES ({', '.join('?' * (len(columns) + 5))})",
+                (*values, *measurement, measured_at),
             )
-            row = conn.execute(
-                f"SELECT median_ms, spread_ms, samples, failure FROM placement_latency WHERE {_WHERE_PLACEMENT}",
-                key,
-            ).fetchone()
-        return _cost_from_row(*row)
+            return _select_cost(conn, table, columns, values)
 
     def stats(self) -> dict[tuple[str, str], Stats]:
         """Rows and failures per (backend, device)."""
@@ -290,7 +268,7 @@ class CostLog:
         with self._connection() as conn:
             conn.execute(f"DELETE FROM {TABLE}")
             conn.execute("DELETE FROM reference_outputs")
-            conn.execute("DELETE FROM placement_latency")
+            conn.execute(f"DELETE FROM {PLACEMENTS}")
 
     def __len__(self) -> int:
         with self._connection() as conn:
@@ -382,6 +360,12 @@ class CostLog:
 def _owner() -> tuple[int, int]:
     """Who may use a held connection: the process and thread that opened it."""
     return os.getpid(), threading.get_ident()
+
+
+def _select_cost(conn: sqlite3.Connection, table: str, columns: tuple[str, ...], values: tuple) -> Cost | None:
+    where = " AND ".join(f"{c} = ?" for c in columns)
+    row = conn.execute(f"SELECT median_ms, spread_ms, samples, failure FROM {table} WHERE {where}", values).fetchone()
+    return None if row is None else _cost_from_row(*row)
 
 
 def _cost_from_row(median_ms, spread_ms, samples, failure) -> Cost:

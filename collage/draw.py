@@ -20,7 +20,7 @@ from pathlib import Path
 from tvm import relax
 
 from .graph import DataflowGraph
-from .report import short_op
+from .report import backend_totals, short_op
 from .runner import static_shape
 
 # The built-in backends' colours: light enough for black labels, apart enough to tell.
@@ -195,13 +195,10 @@ def _edges(graph: DataflowGraph, partitions) -> list[str]:
 
 def _legend(partitions) -> list[str]:
     """One swatch per backend: its partitions, ops and share of the estimated time."""
-    totals: dict[str, list] = {}
-    for p in partitions:
-        n, ops, ms = totals.setdefault(p.backend, [0, 0, 0.0])
-        totals[p.backend] = [n + 1, ops + len(p.nodes), ms + (0.0 if math.isnan(p.cost_ms) else p.cost_ms)]
-    all_ms = sum(ms for _, _, ms in totals.values()) or 1.0
+    totals = backend_totals(partitions)
+    all_ms = sum(t.ms for t in totals.values()) or 1.0
     lines = ["  subgraph cluster_legend {", '    label="backends"; fontsize=9; style=rounded; color="#999999";']
-    for k, (backend, (n, ops, ms)) in enumerate(sorted(totals.items(), key=lambda kv: -kv[1][2])):
+    for k, (backend, (n, ops, ms)) in enumerate(totals.items()):
         text = f"{backend}: {n} partition(s), {ops} ops, {ms / all_ms:.0%} of the estimated time"
         lines.append(f'    legend{k} [label={_quote(text)}, fillcolor="{backend_colour(backend)}"];')
     lines.append("  }")

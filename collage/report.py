@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from typing import NamedTuple
 
 MAX_OPS_SHOWN = 4
 
@@ -15,6 +15,21 @@ def short_op(op: str) -> str:
 def ops_text(ops: list[str]) -> str:
     shown = ", ".join(short_op(op) for op in ops[:MAX_OPS_SHOWN])
     return shown + (f", ... ({len(ops)} ops)" if len(ops) > MAX_OPS_SHOWN else "")
+
+
+class BackendTotal(NamedTuple):
+    partitions: int
+    ops: int
+    ms: float  # estimated; a partition never measured (a fallback) counts zero
+
+
+def backend_totals(partitions) -> dict[str, BackendTotal]:
+    """Each backend's partitions, ops and estimated ms, the most time first."""
+    totals: dict[str, BackendTotal] = {}
+    for p in partitions:
+        n, ops, ms = totals.get(p.backend, BackendTotal(0, 0, 0.0))
+        totals[p.backend] = BackendTotal(n + 1, ops + len(p.nodes), ms + (0.0 if math.isnan(p.cost_ms) else p.cost_ms))
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1].ms))
 
 
 def graph_level_text(g: dict, alternatives: dict) -> str:
@@ -54,15 +69,10 @@ def format_report(opt) -> str:
         cost = "-" if math.isnan(p.cost_ms) else f"{p.cost_ms:9.4f}"
         lines.append(f"{k:>3}  {p.backend:<12} {p.pattern:<26} {cost:>9}  {ops_text(p.ops)}")
 
-    share = defaultdict(lambda: [0, 0, 0.0])  # backend -> partitions, ops, ms
-    for p in parts:
-        share[p.backend][0] += 1
-        share[p.backend][1] += len(p.nodes)
-        if not math.isnan(p.cost_ms):
-            share[p.backend][2] += p.cost_ms
-    total = sum(ms for _, _, ms in share.values()) or 1.0
+    share = backend_totals(parts)
+    total = sum(t.ms for t in share.values()) or 1.0
     lines += ["", "time by backend (estimated):", f"  {'backend':<12} {'partitions':>10} {'ops':>5} {'ms':>9} {'share':>6}"]
-    for backend, (n, ops, ms) in sorted(share.items(), key=lambda kv: -kv[1][2]):
+    for backend, (n, ops, ms) in share.items():
         lines.append(f"  {backend:<12} {n:>10} {ops:>5} {ms:9.3f} {ms / total:6.1%}")
 
     m = opt.measured

@@ -64,8 +64,7 @@ def to_tensors(arrays, device=None) -> list[tvm.runtime.Tensor]:
 
 def run_reference(func: relax.Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
     """``func`` compiled by TVM's default CPU pipeline, as numpy outputs."""
-    vm = relax.VirtualMachine(tvm.compile(tvm.IRModule({"main": func}), target="llvm"), tvm.cpu())
-    return numpy_outputs(vm["main"](*to_tensors(arrays)))
+    return numpy_outputs(build_vm(tvm.IRModule({"main": func}))["main"](*to_tensors(arrays)))
 
 
 def numpy_outputs(result) -> list[np.ndarray]:
