@@ -22,7 +22,7 @@ from .backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet, defaul
 from .candidates import REGION_SUFFIX, generate
 from .cost import Cost
 from .cost_log import CostLog
-from .end_to_end import END_TO_END_RTOL, EndToEnd
+from .end_to_end import EndToEnd, wrong_result
 from .graph import DataflowGraph
 from .measure import Measurer, default_threads, pin_threads
 from .placement import Partition, Placement, PlacementError, place, tvm_op
@@ -35,9 +35,9 @@ from .timing import Timing, time_interleaved
 
 TARGETS = ("llvm", "cuda")
 MAX_CHECK_ROUNDS = 3
-# Finalists are timed in samples of at least 50 ms, so what switching modules costs (caches,
-# threads waking) is spread thin: Inception-v3's op-level placement measured 32.5 ms in 5 ms
-# samples, 29.7 ms in 50 ms ones and 29.8 ms timed alone.
+# Finalists are timed in samples of at least 50 ms, each after a quiet pause (time_interleaved),
+# so what switching modules costs (caches, threads waking) is spread thin: Inception-v3's
+# op-level placement measured 32.5 ms in 5 ms samples, 29.7 ms in 50 ms ones and 29.8 ms alone.
 FINALIST_TIMING = {"rounds": 9, "min_sample_ms": 50.0}
 # Names of finalists (placements timed end to end against each other).
 OP_LEVEL_PLACEMENT = "op-level"
@@ -391,7 +391,7 @@ def _assemble_and_check(graph, placement: Placement, expected, arrays, backends,
             partitions = _fall_back(graph, partitions, [failed.partition])
             continue
         vm = build_vm(assembly.module, target)
-        problem = mismatch(numpy_outputs(vm["main"](*to_tensors(arrays, device))), expected, rtol=END_TO_END_RTOL)
+        problem = wrong_result(vm, to_tensors(arrays, device), expected)
         if problem is None:
             return assembly, vm, partitions, fallbacks
         culprits = _culprits(graph, assembly, arrays, target) or [p for p, _, _ in assembly.kernels]

@@ -37,6 +37,11 @@ SEARCH_TIMING = Timing(warmup=2, warmup_s=0.2, min_samples=5, max_samples=15, re
 KEPT_KERNELS_PER_OP = 4
 
 
+def wrong_result(vm: relax.VirtualMachine, inputs, expected: list[np.ndarray]) -> str | None:
+    """How the module's outputs on ``inputs`` (tensors) miss ``expected``, or None if they match."""
+    return mismatch(numpy_outputs(vm["main"](*inputs)), expected, rtol=END_TO_END_RTOL)
+
+
 def placement_name(partitions: Sequence[Partition]) -> str:
     """A placement as text, the same whatever the partitions' order: what the log keys it by."""
     return ";".join(sorted(f"{p.backend}:{p.pattern}:{','.join(map(str, sorted(p.nodes)))}" for p in partitions))
@@ -104,7 +109,7 @@ class EndToEnd:
         try:
             _, vm = self.build(partitions)
             inputs = to_tensors(self.arrays, device_for(self.target))
-            problem = mismatch(numpy_outputs(vm["main"](*inputs)), self.expected, rtol=END_TO_END_RTOL)
+            problem = wrong_result(vm, inputs, self.expected)
         except PartitionFailed as failed:
             return Cost.invalid(f"{failed.partition.backend} could not compile {failed.partition.pattern}: {failed.reason}")
         except Exception as err:  # a library raising at build or run time disqualifies the placement

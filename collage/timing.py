@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -75,10 +76,22 @@ def median_and_iqr(samples: list[float]) -> tuple[float, float]:
 
 
 def time_interleaved(
-    calls: dict[str, Callable[[], None]], rounds: int = 15, min_sample_ms: float = 5.0, warmup_s: float = 0.1
+    calls: dict[str, Callable[[], None]],
+    rounds: int = 15,
+    min_sample_ms: float = 5.0,
+    warmup_s: float = 0.1,
+    quiet_s: float = 0.05,
+    seed: int = 0,
 ) -> dict[str, Cost]:
-    """Median and spread of each call, sampled round-robin so a change of load on the
-    machine hits every one alike."""
+    """Median and spread of each call, sampled in rounds so a change of load on the machine
+    hits every one alike. Each round takes the calls in a fresh random order (``seed``), so
+    none always follows the same neighbour.
+
+    Libraries leave their worker threads spinning after a call (ONNX Runtime's for 10-40 ms
+    here), and on a 2-core machine a spinning neighbour halves the next library's speed:
+    OpenVINO's DCGAN ran 1.43 ms right after ONNX Runtime's against 0.68 ms alone. So each
+    sample starts after ``quiet_s`` of sleep and one untimed call: every call is timed as it
+    would run on a machine of its own."""
     number = {}
     for name, call in calls.items():
         start, last = time.perf_counter(), 0.0
@@ -87,9 +100,15 @@ def time_interleaved(
             call()
             last = time.perf_counter() - began
         number[name] = max(1, math.ceil(min_sample_ms / 1e3 / max(last, 1e-7)))
+    quiet_s = quiet_s if len(calls) > 1 else 0.0
     samples = {name: [] for name in calls}
+    order = random.Random(seed)
     for _ in range(rounds):
-        for name, call in calls.items():
+        for name in order.sample(list(calls), len(calls)):
+            call = calls[name]
+            if quiet_s:
+                time.sleep(quiet_s)
+                call()
             start = time.perf_counter()
             for _ in range(number[name]):
                 call()

@@ -5,8 +5,10 @@
 
 For each model: export it once (ONNX, Relax), prepare every peer (see ``experiments.peers``),
 check its output against torch's, warm it up, then time the peers in rounds. Each round runs
-every remaining peer once, starting one peer further along each time, so that drift in the
-machine (other processes, clock speed) hits all peers alike. A peer leaves the rounds after
+every remaining peer once, in a fresh random order (seeded), so that drift in the machine
+(other processes, clock speed) hits all peers alike and no peer always follows the same
+neighbour: with a fixed order, the peer timed right after TVM's untuned 200 ms calls came out
+5-10% slower at DCGAN's scale. A peer leaves the rounds after
 ``max_reps`` samples, or after ``min_reps`` once it has used its share of ``budget`` seconds.
 
 The results go to a JSON file keyed by model (running one model updates only that model's
@@ -22,6 +24,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -41,6 +44,7 @@ from experiments.plot import format_ms, peer_names, plot_latency
 
 RESULTS_DIR = Path(__file__).parent / "results"
 MAX_REL_ERR = 1e-3  # outputs further than this from torch's are flagged in the table
+ORDER_SEED = 0  # the rounds' random orders are the same in every run
 BUSY_MACHINE_CORES = 0.25  # other processes using more than this while timing get a warning
 EXPORTS = ("onnx", "relax")  # the Workload forms the peers compile from, besides torch
 VERSIONED_PACKAGES = ("torch", "apache-tvm", "onnxruntime", "openvino", "onnx", "numpy")
@@ -56,12 +60,18 @@ class Settings:
     max_reps: int = 30
     warmup_calls: int = 2  # warm-up lasts at least this many calls and this many seconds
     warmup_s: float = 0.5
-    # Before each timed call, a peer whose calls take under settle_below_s makes untimed calls
-    # for settle_s: the peer before it in the round leaves threads spinning for milliseconds
-    # and caches full of its own data, which would otherwise be charged to this peer. Next to
-    # a call of a second or more, that cost is lost in the noise.
+    # Before each timed call, a peer whose calls take under settle_below_s sleeps quiet_s, then
+    # makes untimed calls for settle_s. The peer before it in the round leaves threads spinning
+    # (ONNX Runtime's for 10-40 ms here) and caches full of its own data, which would otherwise
+    # be charged to this peer: OpenVINO's DCGAN took 1.43 ms right after ONNX Runtime's even
+    # after 20 ms of settle calls, 0.74 ms after a 50 ms sleep first, 0.68 alone. Next to a
+    # call of a second or more, that cost is lost in the noise.
+    quiet_s: float = 0.05
     settle_s: float = 0.05
     settle_below_s: float = 1.0
+    # A sample is the mean of as many back-to-back calls as fill sample_s (one call for a model
+    # slower than that): single 0.7 ms calls of DCGAN spread by +-30-50%.
+    sample_s: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,9 @@ class Prepared:
     runner: Runner
     prepare_s: float
     max_rel_err: float
-    settle_s: float  # untimed calls before each timed one, see Settings
+    settle_s: float  # untimed calls before each sample, see Settings
+    quiet_s: float  # sleep before those
+    number: int  # calls per sample
 
 
 def default_results_path(small: bool) -> Path:
@@ -114,18 +126,22 @@ def prepare(prepare_fn: PrepareFn, w: models.Workload, reference, settings: Sett
         call_start = time.perf_counter()
         runner.run()
         calls, last_call_s = calls + 1, time.perf_counter() - call_start
-    settle_s = settings.settle_s if last_call_s < settings.settle_below_s else 0.0
-    return Prepared(runner, prepare_s, error, settle_s)
+    quick = last_call_s < settings.settle_below_s
+    number = max(1, math.ceil(settings.sample_s / max(last_call_s, 1e-9)))
+    return Prepared(runner, prepare_s, error, settings.settle_s if quick else 0.0, settings.quiet_s if quick else 0.0, number)
 
 
 def timed_call(peer: Prepared) -> float:
-    """Seconds for one inference, after the peer's settle calls."""
+    """Seconds per inference, the mean of one sample's calls, after a quiet pause and the
+    peer's settle calls."""
+    time.sleep(peer.quiet_s)
     settle_end = time.perf_counter() + peer.settle_s
     while time.perf_counter() < settle_end:
         peer.runner.run()
     start = time.perf_counter()
-    peer.runner.run()
-    return time.perf_counter() - start
+    for _ in range(peer.number):
+        peer.runner.run()
+    return (time.perf_counter() - start) / peer.number
 
 
 def time_in_rounds(
@@ -141,10 +157,9 @@ def time_in_rounds(
         n = len(samples[name])
         return n >= settings.max_reps or (n >= settings.min_reps and spent_s[name] >= share_s)
 
-    active, round_no = list(peers), 0
+    active, order = list(peers), random.Random(ORDER_SEED)
     while active:
-        first = round_no % len(active)
-        for name in active[first:] + active[:first]:
+        for name in order.sample(active, len(active)):
             start = time.perf_counter()
             try:
                 samples[name].append(timed_call(peers[name]))
@@ -152,7 +167,6 @@ def time_in_rounds(
                 errors[name] = f"run: {one_line(error)}"
             spent_s[name] += time.perf_counter() - start
         active = [name for name in active if name not in errors and not done(name)]
-        round_no += 1
     return samples, errors
 
 

@@ -162,7 +162,8 @@ def prepare_collage(w: Workload, threads: int) -> Runner:
         "optimize_s": round(opt.stats["total_s"], 1),
         "measured_candidates": opt.stats["measured"],
     }
-    return Runner(lambda: opt.main(*inputs), _tvm_outputs, info)
+    main = opt.main
+    return Runner(lambda: main(*inputs), _tvm_outputs, info)
 
 
 PEERS: dict[str, PrepareFn] = {
