@@ -7,7 +7,9 @@ settings, f32), and split in two at up to ``--cuts`` points where a single tenso
 (one engine runs the first part, the other the rest, both directions), all timed in
 alternation with ``collage.timing.time_interleaved``. Beside the times, the model's
 multiply-adds give the rate each engine reaches, against the rate of a large f32 matrix
-product on OpenVINO: how close to this machine's ceiling the best engine already is.
+product on OpenVINO timed in the same alternation: how close to this machine's ceiling the
+best engine already is. Split parts run as collage's backends run them (ONNX Runtime's
+threads stop spinning after each run); the whole-model runs use the peers' settings.
 
 Results go to ``experiments/results/engine_splits.json`` (one entry per model).
 """
@@ -17,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,33 +28,27 @@ from experiments.peers import pin_threads
 
 RESULTS = Path(__file__).parent / "results" / "engine_splits.json"
 PEAK_GEMM_N = 2048  # the square f32 matrix product that measures the machine's peak
+PEAK = "peak GEMM"
 
 
-def multiply_adds(model) -> int:
-    """Multiply-adds of the model's Conv, ConvTranspose, MatMul and Gemm nodes (shape-inferred
-    ONNX); element-wise work is left out, so rates are slight underestimates."""
-    import onnx
+def multiply_adds(mod) -> int:
+    """Multiply-adds of the convolutions, transposed convolutions and matrix products of a
+    Relax module's ``main`` (static shapes); element-wise work is left out, so rates are
+    slight underestimates."""
+    from collage.graph import DataflowGraph
+    from collage.runner import static_shape
 
-    inferred = onnx.shape_inference.infer_shapes(model)
-    shapes = {
-        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-        for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)
-    }
-    shapes.update({t.name: list(t.dims) for t in inferred.graph.initializer})
     total = 0
-    for node in inferred.graph.node:
-        out = math.prod(shapes[node.output[0]])
-        if node.op_type == "Conv":
-            total += out * math.prod(shapes[node.input[1]][1:])  # Cin/groups x kernel per output
-        elif node.op_type == "ConvTranspose":
-            w = shapes[node.input[1]]  # (Cin, Cout/groups, k...): each input element feeds Cout/g x k
-            total += math.prod(shapes[node.input[0]]) * math.prod(w[1:])
-        elif node.op_type == "MatMul":
-            total += out * shapes[node.input[0]][-1]
-        elif node.op_type == "Gemm":
-            a = shapes[node.input[0]]
-            trans_a = any(attr.name == "transA" and attr.i for attr in node.attribute)
-            total += out * (a[0] if trans_a else a[-1])
+    for node in DataflowGraph.from_module(mod):
+        if node.op not in ("relax.nn.conv2d", "relax.nn.conv2d_transpose", "relax.matmul"):
+            continue
+        data, weight = (static_shape(arg.ty) for arg in node.call.args[:2])
+        if node.op == "relax.nn.conv2d":  # each output: Cin/groups x kernel (weight OIHW)
+            total += math.prod(static_shape(node.ty)) * math.prod(weight[1:])
+        elif node.op == "relax.nn.conv2d_transpose":  # each input: Cout/groups x kernel (weight IOHW)
+            total += math.prod(data) * math.prod(weight[1:])
+        else:
+            total += math.prod(static_shape(node.ty)) * data[-1]
     return total
 
 
@@ -70,17 +65,19 @@ def cut_points(model) -> list[str]:
     return cuts
 
 
-def ort_session(model, threads: int):
+def ort_session(model, threads: int, split: bool = False):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    if split:  # as collage's backend runs it: threads left spinning would slow the other engine
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     return lambda x: session.run(None, {name: x})[0]
 
 
-def openvino_session(model, threads: int):
+def openvino_session(model, threads: int, split: bool = False):
     import openvino as ov
 
     core = ov.Core()
@@ -97,8 +94,9 @@ def openvino_session(model, threads: int):
 ENGINES = {"onnxruntime": ort_session, "openvino": openvino_session}
 
 
-def peak_gflops(threads: int) -> float:
-    """f32 GFLOP/s of OpenVINO's PEAK_GEMM_N-square matrix product, best of 5 runs."""
+def peak_gemm(threads: int):
+    """A call running OpenVINO's PEAK_GEMM_N-square f32 matrix product: timed beside the model,
+    its rate is the machine's peak at that moment (this shared machine's speed drifts)."""
     import openvino as ov
     from openvino import opset13 as ops
 
@@ -108,16 +106,10 @@ def peak_gflops(threads: int) -> float:
     config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
     request = ov.Core().compile_model(ov.Model([ops.matmul(a, b, False, False)], [a]), "CPU", config).create_infer_request()
     request.set_input_tensor(ov.Tensor(np.ones((n, n), np.float32)))
-    request.infer()
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        request.infer()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e9
+    return request.infer
 
 
-def measure(name: str, threads: int, cuts: int, rounds: int, peak: float) -> dict:
+def measure(name: str, threads: int, cuts: int, rounds: int) -> dict:
     import onnx
     from onnx import utils
 
@@ -141,7 +133,7 @@ def measure(name: str, threads: int, cuts: int, rounds: int, peak: float) -> dic
     for at in picked:
         head, tail = part(first, at), part(at, last)
         for a, b in ((e, f) for e in ENGINES for f in ENGINES if e != f):
-            chains[f"{a} | {b} at {at}"] = [ENGINES[a](head, threads), ENGINES[b](tail, threads)]
+            chains[f"{a} | {b} at {at}"] = [ENGINES[a](head, threads, True), ENGINES[b](tail, threads, True)]
 
     def call(chain):
         def run():
@@ -151,11 +143,13 @@ def measure(name: str, threads: int, cuts: int, rounds: int, peak: float) -> dic
 
         return run
 
-    costs = time_interleaved({label: call(chain) for label, chain in chains.items()}, rounds=rounds, min_sample_ms=50.0)
+    calls = {label: call(chain) for label, chain in chains.items()}
+    costs = time_interleaved({**calls, PEAK: peak_gemm(threads)}, rounds=rounds, min_sample_ms=50.0)
+    peak = 2 * PEAK_GEMM_N**3 / costs.pop(PEAK).median_ms / 1e6
     times = {label: round(cost.median_ms, 3) for label, cost in sorted(costs.items(), key=lambda kv: kv[1].median_ms)}
     best_engine = min(ENGINES, key=lambda e: times[e])
     best_split = min((label for label in times if "|" in label), key=times.get, default=None)
-    macs = multiply_adds(model)
+    macs = multiply_adds(w.relax)
     return {
         "threads": threads,
         "cut_points": len(points),
@@ -179,12 +173,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     pin_threads(args.threads)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    peak = peak_gflops(args.threads)
-    print(f"peak: {peak:.0f} GFLOP/s (OpenVINO, {PEAK_GEMM_N}-square f32 matrix product, {args.threads} threads)")
     for name in args.model:
-        results[name] = r = measure(name, args.threads, args.cuts, args.rounds, peak)
+        results[name] = r = measure(name, args.threads, args.cuts, args.rounds)
         print(f"{name}: {r['best_engine']} {r['times_ms'][r['best_engine']]} ms "
-              f"({r['share_of_peak']:.0%} of peak); best split {r['best_split']} "
+              f"({r['share_of_peak']:.0%} of the {r['peak_gflops']:.0f} GFLOP/s peak); best split {r['best_split']} "
               f"{r['times_ms'].get(r['best_split'])} ms ({r['best_split_vs_best_engine']}x)", flush=True)
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
 
