@@ -383,10 +383,12 @@ def _assemble_and_check(graph, placement: Placement, expected, arrays, backends,
     device = device_for(target)
     partitions = list(placement.partitions)
     fallbacks: list[tuple[Partition, str]] = []
-    for _ in range(MAX_CHECK_ROUNDS):
+    checks = 0
+    while True:
         try:
             assembly = assemble(graph, partitions, backends, target)
         except PartitionFailed as failed:
+            # Not a check round: each failure sends one more partition to TVM, so this ends.
             fallbacks.append((failed.partition, failed.reason))
             partitions = _fall_back(graph, partitions, [failed.partition])
             continue
@@ -394,10 +396,12 @@ def _assemble_and_check(graph, placement: Placement, expected, arrays, backends,
         problem = wrong_result(vm, to_tensors(arrays, device), expected)
         if problem is None:
             return assembly, vm, partitions, fallbacks
+        checks += 1
+        if checks == MAX_CHECK_ROUNDS:
+            raise OptimizeError(f"the assembled module still disagrees with the unoptimized one: {problem}")
         culprits = _culprits(graph, assembly, arrays, target) or [p for p, _, _ in assembly.kernels]
         fallbacks += [(p, f"wrong inside the assembled model ({problem})") for p in culprits]
         partitions = _fall_back(graph, partitions, culprits)
-    raise OptimizeError(f"the assembled module still disagrees with the unoptimized one: {problem}")
 
 
 def _fall_back(graph, partitions, failing) -> list[Partition]:

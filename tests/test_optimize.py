@@ -98,6 +98,28 @@ def test_partitions_that_fail_to_compile_for_the_model_fall_back_to_tvm(tmp_path
     np.testing.assert_allclose(opt(x, w), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
 
 
+def test_every_partition_failing_to_compile_falls_back_however_many_there_are():
+    # Five single-op partitions on a backend that cannot compile: more failures than check
+    # rounds, and each must still fall back (compile failures are not check rounds).
+    from collage.api import MAX_CHECK_ROUNDS, _assemble_and_check
+    from collage.candidates import Candidate
+    from collage.cost import Cost
+    from collage.graph import DataflowGraph
+    from collage.placement import Partition, Placement
+    from collage.subgraph import SubGraph
+
+    graph = DataflowGraph.from_module(Unary)
+    parts = [Partition(Candidate(SubGraph(graph, frozenset({i})), CANNOT_COMPILE.name, "cannot.op"), Cost.of(1.0))
+             for i in range(len(graph))]
+    assert len(parts) > MAX_CHECK_ROUNDS
+    x, w = inputs()
+    expected = [run_unoptimized(Unary, x, w)]
+    _, vm, placed, fallbacks = _assemble_and_check(graph, Placement(graph, tuple(parts)), expected, [x, w],
+                                                   backends(CANNOT_COMPILE), "llvm")
+    assert len(fallbacks) == len(parts) and {p.backend for p in placed} == {"tvm"}
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy(), expected[0], rtol=1e-5)
+
+
 def test_report_names_partitions_shares_and_times(tmp_path):
     opt = collage.optimize(Unary, backends=backends(NUMPY), cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
     text = opt.report()
