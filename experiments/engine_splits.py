@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import models
-from experiments.peers import pin_threads
+from experiments.peers import onnxruntime_session, openvino_request, pin_threads
 
 RESULTS = Path(__file__).parent / "results" / "engine_splits.json"
 PEAK_GEMM_N = 2048  # the square f32 matrix product that measures the machine's peak
@@ -66,23 +66,14 @@ def cut_points(model) -> list[str]:
 
 
 def ort_session(model, threads: int, split: bool = False):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    if split:  # as collage's backend runs it: threads left spinning would slow the other engine
-        options.add_session_config_entry("session.force_spinning_stop", "1")
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    # Split parts run as collage's backend runs them: threads left spinning would slow the other engine.
+    session = onnxruntime_session(model, threads, **({"session.force_spinning_stop": "1"} if split else {}))
     name = session.get_inputs()[0].name
     return lambda x: session.run(None, {name: x})[0]
 
 
 def openvino_session(model, threads: int, split: bool = False):
-    import openvino as ov
-
-    core = ov.Core()
-    config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
-    request = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU", config).create_infer_request()
+    request = openvino_request(model, threads)
 
     def run(x):
         request.infer({0: x})
@@ -103,8 +94,7 @@ def peak_gemm(threads: int):
     n = PEAK_GEMM_N
     a = ops.parameter([n, n], np.float32)
     b = ops.constant(np.random.default_rng(0).standard_normal((n, n), dtype=np.float32))
-    config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
-    request = ov.Core().compile_model(ov.Model([ops.matmul(a, b, False, False)], [a]), "CPU", config).create_infer_request()
+    request = openvino_request(ov.Model([ops.matmul(a, b, False, False)], [a]), threads)
     request.set_input_tensor(ov.Tensor(np.ones((n, n), np.float32)))
     return request.infer
 

@@ -78,17 +78,37 @@ def _torch_outputs(out) -> list[np.ndarray]:
     return [t.numpy() for t in (out if isinstance(out, (tuple, list)) else (out,))]
 
 
-def prepare_onnxruntime(w: Workload, threads: int) -> Runner:
-    """ONNX Runtime's CPU execution provider with all graph optimizations."""
+def onnxruntime_session(model, threads: int, **config_entries: str):
+    """An ONNX Runtime CPU session on an ONNX ModelProto with all graph optimizations and
+    ``threads`` intra-op threads; ``config_entries`` are session config entries."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(
-        w.onnx.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    for key, value in config_entries.items():
+        options.add_session_config_entry(key, value)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def openvino_request(model, threads: int):
+    """An infer request of OpenVINO's CPU plugin for an ONNX ModelProto or an ``ov.Model``:
+    f32 (it would pick bf16 on this CPU), ``threads`` threads, tuned for latency."""
+    import openvino as ov
+
+    core = ov.Core()
+    if not isinstance(model, ov.Model):
+        model = core.read_model(model.SerializeToString(), b"")
+    config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    return core.compile_model(model, "CPU", config).create_infer_request()
+
+
+def prepare_onnxruntime(w: Workload, threads: int) -> Runner:
+    """ONNX Runtime's CPU execution provider with all graph optimizations."""
+    import onnxruntime as ort
+
+    session = onnxruntime_session(w.onnx, threads)
     # OrtValues wrap the arrays once; session.run would convert a numpy feed on every call.
     feed = {
         i.name: ort.OrtValue.ortvalue_from_numpy(t.numpy())
@@ -105,14 +125,7 @@ def prepare_openvino(w: Workload, threads: int) -> Runner:
     """OpenVINO's CPU plugin in f32 (it would pick bf16 on this CPU), tuned for latency."""
     import openvino as ov
 
-    core = ov.Core()
-    model = core.read_model(w.onnx.SerializeToString(), b"")
-    config = {
-        "INFERENCE_PRECISION_HINT": "f32",
-        "INFERENCE_NUM_THREADS": threads,
-        "PERFORMANCE_HINT": "LATENCY",
-    }
-    request = core.compile_model(model, "CPU", config).create_infer_request()
+    request = openvino_request(w.onnx, threads)
     inputs = [t.numpy() for t in w.inputs]
     for i, array in enumerate(inputs):
         request.set_input_tensor(i, ov.Tensor(array, shared_memory=True))
