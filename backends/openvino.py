@@ -16,10 +16,11 @@ import functools
 import os
 
 import numpy as np
+import onnx
 from collage.patterns.fusion import anchor_then_elementwise
 from tvm import relax
 
-from collage.backend import GRAPH_LEVEL, Backend, installed_version
+from collage.backend import GRAPH_LEVEL, Backend, BoundBuffers, installed_version
 from collage.onnx_convert import convertible, to_onnx
 from collage.pattern import PatternRule
 
@@ -32,30 +33,37 @@ def _config(precision: str) -> dict:
     return config
 
 
-def compile(func: relax.Function, pattern: str, target: str, precision: str = "f32"):
+def compile_onnx(model: onnx.ModelProto, target: str, alone: bool = False, precision: str = "f32"):
     import openvino as ov
 
-    model = to_onnx(func)
     core = ov.Core()
+    # Alone or among other libraries' kernels alike: the CPU plugin's threads sleep between
+    # runs, as its users run it (PERFORMANCE_HINT LATENCY).
     compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU", _config(precision))
-    request = compiled.create_infer_request()
+    initializers = {t.name for t in model.graph.initializer}
+    values = [v for v in model.graph.input if v.name not in initializers] + list(model.graph.output)
     # OpenVINO drops inputs whose values are never read (zeros_like reads only the shape).
     ports = {name for port in (*compiled.inputs, *compiled.outputs) for name in port.get_names()}
-    slots = [(k, v.name) for k, v in enumerate((*model.graph.input, *model.graph.output)) if v.name in ports]
-    bound = {}  # slot -> (pointer, shape) of the buffer its shared tensor wraps
+    slots = [(k, v.name) for k, v in enumerate(values) if v.name in ports]
+
+    def bind(tensors):
+        # One infer request per set of buffers, each wrapping them as shared-memory tensors
+        # over DLPack views (the views keep the buffers alive).
+        request = compiled.create_infer_request()
+        for k, name in slots:
+            request.set_tensor(name, ov.Tensor(np.from_dlpack(tensors[k]), shared_memory=True))
+        return request
+
+    requests = BoundBuffers(bind)
 
     def kernel(*tensors):
-        # Wrapping and setting costs more than running a small op, so a slot is set again only
-        # when the caller passes another buffer. The view keeps the wrapped buffer alive.
-        for k, name in slots:
-            t = tensors[k]
-            where = (t.data_ptr(), t.shape)
-            if bound.get(k) != where:
-                request.set_tensor(name, ov.Tensor(np.from_dlpack(t), shared_memory=True))
-                bound[k] = where
-        request.infer()
+        requests.get(tensors).infer()
 
     return kernel
+
+
+def compile(func: relax.Function, pattern: str, target: str, precision: str = "f32"):
+    return compile_onnx(to_onnx(func), target, precision=precision)
 
 
 BACKEND = Backend(
@@ -63,6 +71,7 @@ BACKEND = Backend(
     kind=GRAPH_LEVEL,
     targets=("llvm",),
     compile=compile,
+    compile_onnx=compile_onnx,
     # Kernel-sized groups as TVM fuses them; the engine's largest regions are candidates too
     # (candidates.regions), and the graph-level search hands it more (collage.refine).
     rules=(PatternRule("openvino.fused", convertible, anchor_then_elementwise),),
@@ -76,5 +85,6 @@ def with_precision(precision: str) -> Backend:
     return dataclasses.replace(
         BACKEND,
         compile=functools.partial(compile, precision=precision),
+        compile_onnx=functools.partial(compile_onnx, precision=precision),
         library=BACKEND.library.replace("f32", precision),
     )

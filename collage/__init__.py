@@ -1,6 +1,7 @@
 """collage-tvm: automated multi-backend placement for Apache TVM Relax."""
 
-from collage.api import OptimizedModule, OptimizeError, optimize  # noqa: F401
+from collage.api import optimize  # noqa: F401
+from collage.optimized import OptimizedModule, OptimizeError  # noqa: F401
 from collage.backend import GRAPH_LEVEL, OP_LEVEL, Backend, list_backends, register_backend  # noqa: F401
 from collage.cost_log import CostLog  # noqa: F401
 from collage.frontend import ModelImportError, load_onnx  # noqa: F401

@@ -16,6 +16,7 @@ the returned ``Assembly`` lives.
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 from dataclasses import dataclass, field
 
@@ -92,7 +93,7 @@ def assemble(
                 else:
                     name = f"{prefix}.{k}.{part.backend}"
                     try:
-                        kernel = _compile(part, backends, target, compiled)
+                        kernel = _compile(part, backends, target, compiled, runs_alone(part, partitions))
                     except PartitionFailed:
                         _unregister([n for _, n, _ in kernels])  # no Assembly will own them
                         raise
@@ -114,14 +115,33 @@ def assemble(
     return Assembly(bb.get(), kernels)
 
 
-def _compile(part: Partition, backends: BackendSet, target: str, compiled: dict | None):
+# An engine partition keeps its users' settings (threads spinning between runs) when nothing of
+# another library runs between its calls: it is the only partition outside TVM, and TVM's
+# partitions take at most this share of its time (reshapes, a final add). Otherwise its threads
+# would take the cores from the next library's kernel.
+TRIVIAL_SHARE = 0.05
+
+
+def runs_alone(part: Partition, partitions) -> bool:
+    """Whether nothing of another library runs beside ``part``'s kernel in the placement."""
+    others = [p for p in partitions if p is not part]
+    if any(p.backend != REFERENCE_BACKEND for p in others):
+        return False
+    if not others:
+        return True
+    rest = sum(p.cost_ms for p in others)
+    return math.isfinite(rest) and math.isfinite(part.cost_ms) and rest <= TRIVIAL_SHARE * part.cost_ms
+
+
+def _compile(part: Partition, backends: BackendSet, target: str, compiled: dict | None, alone: bool):
     """The partition's kernel; ``PartitionFailed`` with the reason when there is none (the
     caller falls the partition back to TVM)."""
-    key = (part.backend, part.pattern, part.nodes)
+    key = (part.backend, part.pattern, part.nodes, alone)
     if compiled is not None and key in compiled:
         kernel, reason = compiled[key]
     else:
-        kernel, reason = compile_kernel(backends[part.backend], part.candidate.subgraph.extract(), part.pattern, target)
+        func = part.candidate.subgraph.extract()
+        kernel, reason = compile_kernel(backends[part.backend], func, part.pattern, target, alone)
         if compiled is not None:
             compiled[key] = (kernel, reason)
     if reason is not None:

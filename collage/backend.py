@@ -30,6 +30,27 @@ class Unsupported(Exception):
     attribute) so the candidate is excluded with that reason."""
 
 
+class BoundBuffers:
+    """A library's binding of a kernel's buffers (an ONNX Runtime IOBinding, an OpenVINO infer
+    request), made once per set of buffers: binding costs more than running a small op, and
+    the caller may pass the same few buffers again and again. ``get(tensors)`` returns the
+    binding ``bind(tensors)`` made for the same pointers and shapes, keeping the last
+    ``keep`` (a whole model's binding holds its intermediate buffers)."""
+
+    def __init__(self, bind: Callable, keep: int = 4):
+        self.bind, self.keep = bind, keep
+        self._bound: dict[tuple, object] = {}
+
+    def get(self, tensors):
+        key = tuple((t.data_ptr(), tuple(t.shape)) for t in tensors)
+        bound = self._bound.get(key)
+        if bound is None:
+            if len(self._bound) >= self.keep:
+                self._bound.pop(next(iter(self._bound)))
+            bound = self._bound[key] = self.bind(tensors)
+        return bound
+
+
 class Kernel(Protocol):
     """A compiled candidate, destination-passing style: ``kernel(*inputs, *outputs)``.
 
@@ -45,7 +66,11 @@ class Backend:
     """What a library can run (patterns and rules) and how to compile it.
 
     ``compile(func, pattern_name, target)`` turns one extracted sub-graph function into a
-    Kernel. ``requires`` names the Python modules the library needs, and ``probe(target)``
+    Kernel. An inference engine that reads ONNX also has ``compile_onnx(model, target,
+    alone)``: a Kernel for an ONNX model (inputs, then outputs, in the model's order), which
+    ``alone`` compiles with its users' own settings (threads left spinning between runs) for
+    a kernel that nothing of another library runs beside: the whole model, from the user's
+    ONNX file or converted, or all of it but trivial ops. ``requires`` names the Python modules the library needs, and ``probe(target)``
     says why the library cannot run here (no GPU, no oneDNN in this torch build) or None;
     a backend that cannot run is excluded with that reason rather than failing later.
     """
@@ -54,6 +79,7 @@ class Backend:
     kind: str
     targets: tuple[str, ...]
     compile: Callable[[relax.Function, str, str], Kernel] | None
+    compile_onnx: Callable[..., Kernel] | None = None
     patterns: tuple[Pattern, ...] = ()
     rules: tuple[PatternRule, ...] = ()
     requires: tuple[str, ...] = ()

@@ -89,7 +89,7 @@ def _neighbours(graph: DataflowGraph, group: SubGraph) -> list[int]:
 
 def regions(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
     """The maximal connected groups of ops the rule accepts, each when it is convex, has a
-    tensor boundary and is larger than what ``grow_rule`` reaches.
+    tensor boundary and is larger than what ``grow_rule`` reaches, or is the whole model.
 
     An inference engine optimizes across kernels (memory planning, its own fusions), so the
     largest region it can take is a candidate too: a placement is then never worse than that
@@ -109,7 +109,8 @@ def regions(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
                     todo.append(j)
         seen |= component
         region = SubGraph(graph, frozenset(component))
-        if len(region) > rule.max_size and region.is_convex() and region.has_tensor_boundary():
+        larger = len(region) > rule.max_size or len(region) == len(graph)  # the whole model, however small
+        if larger and region.is_convex() and region.has_tensor_boundary():
             yield region
 
 

@@ -37,7 +37,7 @@ class UsageError(Exception):
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = parser().parse_args(argv)
-    from .api import OptimizeError
+    from .optimized import OptimizeError
     from .cost_log import CostLogError
     from .frontend import ModelImportError
 
@@ -148,9 +148,10 @@ def optimize_command(args) -> int:
     backends, shapes, extra = _backends(args.backends), _shapes(args.shape), _graph_level(args)
     _check_picture(args.draw)  # before the minutes of optimizing, not after
     mod = load_onnx(args.model, shapes)
+    # The file goes along: each inference engine also runs it whole, as its users would.
     opt = optimize(
-        mod, args.target, backends, args.log, threads=args.threads, simplify=args.simplify,
-        progress=not args.quiet, seed=args.seed, **extra,
+        mod, args.target, backends, args.log, onnx_model=args.model, threads=args.threads,
+        simplify=args.simplify, progress=not args.quiet, seed=args.seed, **extra,
     )  # fmt: skip
     print(opt.report())
     print(f"\nplacement written to {save_placement(opt, args.out)}")
@@ -169,7 +170,7 @@ def run_command(args) -> int:
     mod = load_onnx(args.model, shapes)
     log = CostLog(args.log)
     logged = len(log)
-    opt = load_placement(mod, args.placement, args.target, backends, log, threads=args.threads)
+    opt = load_placement(mod, args.placement, args.target, backends, log, onnx_model=args.model, threads=args.threads)
     unknown = sum(1 for p in opt.placement if p.cost.is_unknown)
     print(opt.report())
     print(

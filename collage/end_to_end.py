@@ -120,7 +120,7 @@ class EndToEnd:
 
 
 class _LeastRecentlyUsed(OrderedDict):
-    """Kernels by (backend, pattern, nodes), forgetting the least recently used ones once
+    """Kernels by (backend, pattern, nodes, alone), forgetting the least recently used ones once
     they cover more than ``capacity`` nodes in all: an engine's kernel holds its partition's
     weights, so a bound in nodes is a bound in memory (a few copies of the model)."""
 
@@ -135,5 +135,5 @@ class _LeastRecentlyUsed(OrderedDict):
     def __setitem__(self, key, value):
         super().__setitem__(key, value)
         self.move_to_end(key)
-        while len(self) > 1 and sum(len(nodes) for _, _, nodes in self) > self.capacity:
+        while len(self) > 1 and sum(len(nodes) for _, _, nodes, _ in self) > self.capacity:
             self.popitem(last=False)

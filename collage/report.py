@@ -6,6 +6,8 @@ import math
 from typing import NamedTuple
 
 MAX_OPS_SHOWN = 4
+# A TVM partition taking more than this share of the model's time, untuned, is worth a warning.
+DOMINANT_SHARE = 0.5
 
 
 def short_op(op: str) -> str:
@@ -32,6 +34,19 @@ def backend_totals(partitions) -> dict[str, BackendTotal]:
     return dict(sorted(totals.items(), key=lambda kv: -kv[1].ms))
 
 
+def dominant_tvm_ops(partitions) -> list[str]:
+    """Warnings for TVM partitions that take most of the estimated time: TVM's default
+    pipeline does not tune its kernels, so one op no library takes can cost more than the rest
+    of the model (EfficientNet's ceil-mode average pool once took 384 ms of 386)."""
+    total = sum(p.cost_ms for p in partitions if math.isfinite(p.cost_ms))
+    return [
+        f"{p.cost_ms / total:.0%} of the estimated time ({p.cost_ms:.3g} ms) is "
+        f"{', '.join(sorted(set(p.ops)))} left to TVM untuned (nodes {sorted(p.nodes)[:8]}): no other backend took it"
+        for p in partitions
+        if p.backend == "tvm" and math.isfinite(p.cost_ms) and total > 0 and p.cost_ms > DOMINANT_SHARE * total
+    ]
+
+
 def graph_level_text(g: dict, alternatives: dict) -> str:
     """The graph-level search in a few lines, with the op-level and refined latencies side by side."""
     if "skipped" in g:
@@ -51,6 +66,10 @@ def graph_level_text(g: dict, alternatives: dict) -> str:
             f"best {g['best_ms']:.3f} ms"
         ),
     ])
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f} ms" if math.isfinite(value) else "- (a kernel never timed alone)"
 
 
 def format_report(opt) -> str:
@@ -79,18 +98,25 @@ def format_report(opt) -> str:
     lines += [
         "",
         (
-            f"end to end: estimated {opt.estimated_ms:.3f} ms (sum of measured kernels and transitions), "
+            f"end to end: estimated {_ms(opt.estimated_ms)} (sum of measured kernels and transitions), "
             f"measured {m.median_ms:.3f} ms ± {m.spread_ms:.2g} (median of {m.samples})"
         ),
     ]
     s = opt.stats
     alternatives = s.get("alternatives", {})
     if len(alternatives) > 1:
-        lines += ["", "placements timed end to end (the fastest is kept):"]
+        lines += ["", "placements timed end to end (the fastest is kept; of those within noise, the simplest):"]
         for name, a in alternatives.items():
             mark = "  <- kept" if name == s.get("chosen") else ""
             estimated = "-" if not math.isfinite(a["estimated_ms"]) else f"{a['estimated_ms']:.3f}"
-            lines.append(f"  {name:<22} estimated {estimated:>9} ms, measured {a['measured_ms']:9.3f} ms{mark}")
+            spread = f" ± {a['spread_ms']:.2g}" if "spread_ms" in a else ""
+            lines.append(f"  {name:<30} estimated {estimated:>9} ms, measured {a['measured_ms']:9.3f} ms{spread}{mark}")
+        if "tie" in s:
+            lines.append(f"  {s['tie']}")
+    for text in (*s.get("engine_blockers", {}).values(), *s.get("engine_alone", {}).values()):
+        lines.append(f"note: {text}")
+    for warning in s.get("warnings", ()):
+        lines.append(f"warning: {warning}")
     if "graph_level" in s:
         lines += ["", graph_level_text(s["graph_level"], alternatives)]
     if s:

@@ -118,15 +118,20 @@ def check_candidate(backend, func: relax.Function, pattern: str, target: str = "
     return mismatch(actual, run_reference(func, arrays))
 
 
-def compile_kernel(backend, func: relax.Function, pattern: str, target: str):
+def compile_kernel(backend, func: relax.Function, pattern: str, target: str, alone: bool = False):
     """``(kernel, None)``, or ``(None, why not)``: the library cannot run here, rejects the
-    sub-graph (``Unsupported``), or fails compiling it. Never raises."""
+    sub-graph (``Unsupported``), or fails compiling it. Never raises. ``alone`` compiles an
+    inference engine's kernel with its users' settings (``Backend.compile_onnx``), for a
+    partition that nothing of another library runs beside."""
     from .backend import Unsupported
+    from .onnx_convert import to_onnx
 
     reason = backend.unavailable_reason(target)
     if reason is not None:
         return None, reason
     try:
+        if alone and backend.compile_onnx is not None:
+            return backend.compile_onnx(to_onnx(func), target, alone=True), None
         return backend.compile(func, pattern, target), None
     except Unsupported as err:
         return None, f"unsupported: {err}"

@@ -19,7 +19,6 @@ The file is plain JSON::
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -30,28 +29,25 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from .api import (
-    FINALIST_TIMING,
-    TARGETS,
-    OptimizedModule,
-    OptimizeError,
-    _assemble_and_check,
-    _backend_set,
-    _bound_main,
-    _graph,
-    _reference,
-)
+import onnx
+
 from .backend import REFERENCE_BACKEND, Backend, BackendSet, default_backends
 from .candidates import Candidate
+from .checked import assemble_and_check
 from .cost import Cost
 from .cost_log import CostLog
+from .engine_alone import FILE_SUFFIX, EngineAloneFailed, from_onnx_file
+from .finalists import Finalist, time_finalists
 from .graph import DataflowGraph
 from .measure import Measurer, pin_threads
+from .optimized import OptimizedModule, OptimizeError
 from .placement import Partition, Placement
-from .runner import device_for, random_inputs, to_tensors
+from .prepare import backend_set as make_backend_set
+from .prepare import bound_main, check_target, dataflow_graph, reference_outputs
+from .end_to_end import wrong_result
+from .runner import build_vm, device_for, random_inputs, to_tensors
 from .simplify import simplify as simplify_module
 from .subgraph import SubGraph
-from .timing import time_interleaved
 
 FORMAT = "collage-placement"
 VERSION = 1
@@ -159,6 +155,7 @@ def load_placement(
     cost_log: CostLog | str | None = None,
     *,
     params: Mapping[str, np.ndarray] | None = None,
+    onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
     threads: int | None = None,
     seed: int | None = None,
 ) -> OptimizedModule:
@@ -168,24 +165,24 @@ def load_placement(
     and seed default to the saved ones, ``backends`` to those the placement uses. Partition
     costs come from ``cost_log`` (unknown when the log lacks them: another machine, thread
     count or library version). The module is checked against the unoptimized one, as
-    ``optimize`` does, and timed end to end. Raises ``PlacementFileError`` when the file does
-    not fit ``mod``.
+    ``optimize`` does, and timed end to end. A placement that runs the user's ONNX file on one
+    engine (pattern ``<engine>.model``) needs that file as ``onnx_model``. Raises
+    ``PlacementFileError`` when the file does not fit ``mod``.
     """
     record = read_placement(path)
     target = target or record["target"]
-    if target not in TARGETS:
-        raise OptimizeError(f"unknown target {target!r}; collage supports {', '.join(TARGETS)}")
+    check_target(target)
     threads = threads or record["threads"]
     seed = seed if seed is not None else record.get("seed") or 0
     pin_threads(threads)
-    original = _bound_main(mod, params)
-    backend_set = _backend_set(backends if backends is not None else _placement_backends(record))
+    original = bound_main(mod, params)
+    backend_set = make_backend_set(backends if backends is not None else _placement_backends(record))
     usable, excluded = backend_set.usable(target)
 
     report, prepared = None, original
     if record["simplify"]:
         prepared, report = simplify_module(original, report=True)
-    graph = _graph(prepared)
+    graph = dataflow_graph(prepared)
     _check_model(graph, record, path)
     _check_backends(record, backend_set, excluded, path)
 
@@ -195,28 +192,53 @@ def load_placement(
     _check_cover(graph, partitions, path)
 
     arrays = random_inputs(original["main"], seed)
-    expected = _reference(original, arrays, log, seed, target)
-    assembly, vm, placed, fallbacks = _assemble_and_check(
-        graph, Placement(graph, partitions), expected, arrays, backend_set, target
-    )
-    inputs = to_tensors(arrays, device_for(target))
-    # Timed as optimize timed it, so the two commands print comparable numbers.
-    measured = time_interleaved({"placement": functools.partial(vm["main"], *inputs)}, **FINALIST_TIMING)["placement"]
+    expected = reference_outputs(original, arrays, log, seed, target)
+    if _runs_file(record):
+        backend = backend_set[record["partitions"][0]["backend"]]
+        built = _on_file(original, graph, backend, onnx_model, (arrays, expected), target, path)
+    else:
+        built = assemble_and_check(graph, Placement(graph, partitions), expected, arrays, backend_set, target)
+    # Timed as optimize times its finalists, so the two commands print comparable numbers.
+    measured = time_finalists({"placement": built.vm}, arrays, target)["placement"]
     return OptimizedModule(
-        module=assembly.module,
-        placement=placed,
+        module=built.assembly.module,
+        placement=built.partitions,
         target=target,
         threads=threads,
-        estimated_ms=sum(p.cost_ms for p in placed if not math.isnan(p.cost_ms)),
+        estimated_ms=sum(p.cost_ms for p in built.partitions if not math.isnan(p.cost_ms)),
         measured=measured,
         simplified=report,
         stats={},  # nothing generated or measured: the report's optimization line does not apply
         excluded=excluded,
-        fallbacks=fallbacks,
-        _assembly=assembly,
-        _vm=vm,
+        fallbacks=built.fallbacks,
+        _assembly=built.assembly,
+        _vm=built.vm,
         _params=list(original["main"].params),
     )
+
+
+def _runs_file(record: dict) -> bool:
+    parts = record["partitions"]
+    return len(parts) == 1 and parts[0]["pattern"] == f"{parts[0]['backend']}{FILE_SUFFIX}"
+
+
+def _on_file(original, graph, backend, onnx_model, check, target, path) -> Finalist:
+    """The saved placement that runs the user's ONNX file whole on one engine, rebuilt and
+    checked on ``check`` (inputs, expected outputs)."""
+    if onnx_model is None:
+        raise PlacementFileError(f"{path}: the placement runs the model's ONNX file on {backend.name}; give that file")
+    if not isinstance(onnx_model, onnx.ModelProto):
+        onnx_model = onnx.load(onnx_model)
+    try:
+        assembly, partition = from_onnx_file(original, graph, backend, onnx_model, target)
+    except EngineAloneFailed as err:
+        raise PlacementFileError(f"{path}: {err}") from None
+    vm = build_vm(assembly.module, target)
+    arrays, expected = check
+    problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected)
+    if problem is not None:
+        raise OptimizeError(f"{backend.name} on the ONNX file disagrees with the unoptimized module: {problem}")
+    return Finalist([partition], assembly, vm, math.nan)
 
 
 def _placement_backends(record: dict) -> list[str]:

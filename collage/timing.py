@@ -1,4 +1,5 @@
-"""Timing a call: warm-up, then samples until their spread is small or a cap is reached."""
+"""Timing: one candidate alone (``time_call``: warm-up, then samples until their spread is
+small), and contenders against each other (``time_contenders``: the project's one protocol)."""
 
 from __future__ import annotations
 
@@ -75,42 +76,73 @@ def median_and_iqr(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), q3 - q1
 
 
-def time_interleaved(
-    calls: dict[str, Callable[[], None]],
-    rounds: int = 15,
-    min_sample_ms: float = 5.0,
-    warmup_s: float = 0.1,
-    quiet_s: float = 0.05,
-    seed: int = 0,
-) -> dict[str, Cost]:
-    """Median and spread of each call, sampled in rounds so a change of load on the machine
-    hits every one alike. Each round takes the calls in a fresh random order (``seed``), so
-    none always follows the same neighbour.
+@dataclass(frozen=True)
+class Protocol:
+    """How contenders (whole modules, peers, engines) are timed against each other: the one
+    protocol of docs/timing.md, used by ``optimize``'s finalists, ``collage run``, the
+    benchmark and every experiment that compares libraries.
 
-    Libraries leave their worker threads spinning after a call (ONNX Runtime's for 10-40 ms
-    here), and on a 2-core machine a spinning neighbour halves the next library's speed:
-    OpenVINO's DCGAN ran 1.43 ms right after ONNX Runtime's against 0.68 ms alone. So each
-    sample starts after ``quiet_s`` of sleep and one untimed call: every call is timed as it
-    would run on a machine of its own."""
-    number = {}
-    for name, call in calls.items():
-        start, last = time.perf_counter(), 0.0
-        while time.perf_counter() - start < warmup_s or last == 0.0:  # warm-up; the last call times one
+    A *block* is back-to-back calls of one contender, enough to fill ``block_ms`` (within
+    ``min_block_calls`` .. ``max_block_calls``): the steady state of a serving loop, as
+    ``benchmark_app`` and ``onnxruntime_perf_test`` measure it. Each call is timed alone and
+    the block's median is its sample. Before each block the machine is left idle for
+    ``settle_s``: libraries leave worker threads spinning after a call (ONNX Runtime's for
+    10-40 ms here), and on a 2-core machine a spinning neighbour halves the next library's
+    speed (OpenVINO's DCGAN ran 1.43 ms right after ONNX Runtime's, 0.68 ms alone). Each of
+    ``rounds`` rounds takes every contender's block once, in a fresh random order (``seed``),
+    so drift in the machine hits all alike and none always follows the same neighbour. With
+    ``budget_s``, a contender leaves the rounds after ``min_rounds`` once its blocks have used
+    its share of the budget (a multi-second untuned peer). The result is the median of the
+    block medians, with their interquartile range as the spread.
+    """
+
+    rounds: int = 7
+    block_ms: float = 60.0
+    min_block_calls: int = 1
+    max_block_calls: int = 100
+    settle_s: float = 0.1
+    warmup_s: float = 0.2
+    seed: int = 0
+    budget_s: float | None = None
+    min_rounds: int = 3
+
+
+def time_contenders(calls: dict[str, Callable[[], object]], protocol: Protocol = Protocol()) -> dict[str, Cost]:
+    """Each call's latency under ``protocol``: median of block medians and its spread (ms)."""
+    block = {name: _block_calls(call, protocol) for name, call in calls.items()}
+    settle_s = protocol.settle_s if len(calls) > 1 else 0.0
+    medians: dict[str, list[float]] = {name: [] for name in calls}
+    spent = dict.fromkeys(calls, 0.0)
+    share_s = protocol.budget_s / max(len(calls), 1) if protocol.budget_s else math.inf
+    order = random.Random(protocol.seed)
+    for _ in range(protocol.rounds):
+        active = [n for n in calls if len(medians[n]) < protocol.min_rounds or spent[n] < share_s]
+        for name in order.sample(active, len(active)):
+            if settle_s:
+                time.sleep(settle_s)
             began = time.perf_counter()
-            call()
-            last = time.perf_counter() - began
-        number[name] = max(1, math.ceil(min_sample_ms / 1e3 / max(last, 1e-7)))
-    quiet_s = quiet_s if len(calls) > 1 else 0.0
-    samples = {name: [] for name in calls}
-    order = random.Random(seed)
-    for _ in range(rounds):
-        for name in order.sample(list(calls), len(calls)):
-            call = calls[name]
-            if quiet_s:
-                time.sleep(quiet_s)
-                call()
-            start = time.perf_counter()
-            for _ in range(number[name]):
-                call()
-            samples[name].append((time.perf_counter() - start) * 1e3 / number[name])
-    return {name: Cost.of(*median_and_iqr(ms), samples=len(ms)) for name, ms in samples.items()}
+            medians[name].append(statistics.median(_timed_block(calls[name], block[name])))
+            spent[name] += time.perf_counter() - began
+    return {name: Cost.of(*median_and_iqr(ms), samples=len(ms)) for name, ms in medians.items()}
+
+
+def _block_calls(call: Callable[[], object], protocol: Protocol) -> int:
+    """Warm ``call`` up for ``protocol.warmup_s`` (at least one call); how many calls fill a block."""
+    start, last = time.perf_counter(), 0.0
+    while time.perf_counter() - start < protocol.warmup_s or last == 0.0:
+        began = time.perf_counter()
+        call()
+        last = max(time.perf_counter() - began, 1e-7)
+    calls = math.ceil(protocol.block_ms / 1e3 / last)
+    return min(protocol.max_block_calls, max(protocol.min_block_calls, calls))
+
+
+def _timed_block(call: Callable[[], object], n: int) -> list[float]:
+    """``n`` back-to-back calls, each timed (ms)."""
+    times = []
+    clock = time.perf_counter
+    for _ in range(n):
+        began = clock()
+        call()
+        times.append((clock() - began) * 1e3)
+    return times

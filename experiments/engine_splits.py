@@ -5,7 +5,7 @@
 For each model: its ONNX form run whole on ONNX Runtime and on OpenVINO (the peers' own
 settings, f32), and split in two at up to ``--cuts`` points where a single tensor crosses
 (one engine runs the first part, the other the rest, both directions), all timed in
-alternation with ``collage.timing.time_interleaved``. Beside the times, the model's
+alternation with ``collage.timing.time_contenders`` (the project's protocol). Beside the times, the model's
 multiply-adds give the rate each engine reaches, against the rate of a large f32 matrix
 product on OpenVINO timed in the same alternation: how close to this machine's ceiling the
 best engine already is. Split parts run as collage's backends run them (ONNX Runtime's
@@ -103,7 +103,7 @@ def measure(name: str, threads: int, cuts: int, rounds: int) -> dict:
     import onnx
     from onnx import utils
 
-    from collage.timing import time_interleaved
+    from collage.timing import Protocol, time_contenders
 
     w = models.load(name)
     model = onnx.shape_inference.infer_shapes(w.onnx)
@@ -134,7 +134,7 @@ def measure(name: str, threads: int, cuts: int, rounds: int) -> dict:
         return run
 
     calls = {label: call(chain) for label, chain in chains.items()}
-    costs = time_interleaved({**calls, PEAK: peak_gemm(threads)}, rounds=rounds, min_sample_ms=50.0)
+    costs = time_contenders({**calls, PEAK: peak_gemm(threads)}, Protocol(rounds=rounds))
     peak = 2 * PEAK_GEMM_N**3 / costs.pop(PEAK).median_ms / 1e6
     times = {label: round(cost.median_ms, 3) for label, cost in sorted(costs.items(), key=lambda kv: kv[1].median_ms)}
     best_engine = min(ENGINES, key=lambda e: times[e])

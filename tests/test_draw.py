@@ -10,7 +10,7 @@ import pytest
 from tvm import relax
 
 from collage import draw as drawing
-from collage.api import OptimizedModule
+from collage.optimized import OptimizedModule
 from collage.candidates import Candidate
 from collage.cost import Cost
 from collage.draw import BACKEND_COLOURS, GraphvizMissing, backend_colour, draw, to_dot

@@ -11,7 +11,7 @@ from collage.cost import Cost
 from collage.cost_log import CostLog
 from collage.graph import DataflowGraph
 from collage.measure import Measurer
-from collage.timing import Timing, time_call, time_interleaved
+from collage.timing import Protocol, Timing, time_call, time_contenders
 from collage.transition import measure_transition
 from tests.backends_for_tests import CANNOT_COMPILE, NUMPY, RAISES_WHEN_RUN, WRONG
 
@@ -108,14 +108,29 @@ def test_transition_cost_is_measured_per_backend_and_logged(tmp_path):
     assert m.transition_ms("numpy") == 0.0
 
 
-def test_time_interleaved_samples_each_call_every_round():
-    costs = time_interleaved({"short": lambda: time.sleep(0.001), "long": lambda: time.sleep(0.004)},
-                             rounds=5, min_sample_ms=2.0, warmup_s=0.01)
+FAST_PROTOCOL = Protocol(rounds=5, block_ms=4.0, settle_s=0.0, warmup_s=0.01)
+
+
+def test_contenders_get_one_block_each_round():
+    calls = {"short": lambda: time.sleep(0.001), "long": lambda: time.sleep(0.004)}
+    costs = time_contenders(calls, FAST_PROTOCOL)
     assert costs["short"].samples == costs["long"].samples == 5
     assert 1.0 <= costs["short"].median_ms < costs["long"].median_ms
 
 
-def test_time_interleaved_lets_a_neighbours_spinning_threads_settle():
+def test_a_block_is_timed_call_by_call_and_its_median_kept():
+    # Every third call stalls: a block's mean would carry the stalls, its median does not.
+    count = [0]
+
+    def stalls():
+        count[0] += 1
+        time.sleep(0.008 if count[0] % 3 == 0 else 0.001)
+
+    cost = time_contenders({"stalls": stalls}, Protocol(rounds=3, block_ms=20.0, warmup_s=0.0))["stalls"]
+    assert 1.0 <= cost.median_ms < 2.5
+
+
+def test_the_settling_pause_lets_a_neighbours_spinning_threads_stop():
     # "noisy" slows whatever runs within 20 ms of it, as ONNX Runtime's spinning workers do.
     last_noisy = [0.0]
 
@@ -126,7 +141,15 @@ def test_time_interleaved_lets_a_neighbours_spinning_threads_settle():
         time.sleep(0.004 if time.perf_counter() - last_noisy[0] < 0.02 else 0.001)
 
     calls = {"noisy": noisy, "victim": victim}
-    disturbed = time_interleaved(calls, rounds=3, min_sample_ms=1.0, warmup_s=0.01, quiet_s=0.0)
-    quiet = time_interleaved(calls, rounds=3, min_sample_ms=1.0, warmup_s=0.01, quiet_s=0.03)
+    # One call per block, so every victim block may start right after a noisy one.
+    disturbed = time_contenders(calls, Protocol(rounds=6, block_ms=0.0, settle_s=0.0, warmup_s=0.01))
+    quiet = time_contenders(calls, Protocol(rounds=6, block_ms=0.0, settle_s=0.03, warmup_s=0.01))
     assert disturbed["victim"].median_ms > 3.0
     assert quiet["victim"].median_ms < 2.0
+
+
+def test_a_slow_contender_leaves_the_rounds_when_its_budget_share_is_spent():
+    calls = {"slow": lambda: time.sleep(0.02), "fast": lambda: time.sleep(0.001)}
+    costs = time_contenders(calls, Protocol(rounds=8, block_ms=0.0, settle_s=0.0, warmup_s=0.0,
+                                            budget_s=0.1, min_rounds=3))
+    assert costs["slow"].samples == 3 and costs["fast"].samples == 8

@@ -10,6 +10,8 @@ from tvm.script import relax as R
 
 import collage
 from collage.backend import BackendSet, default_backends
+from collage.cost import Cost
+from collage.finalists import within_noise
 from collage.timing import Timing
 from experiments import models
 from tests.backends_for_tests import CANNOT_COMPILE, NUMPY, WRONG, CompilesOnlyOnce, RightOnlyWhenMeasured
@@ -101,7 +103,7 @@ def test_partitions_that_fail_to_compile_for_the_model_fall_back_to_tvm(tmp_path
 def test_every_partition_failing_to_compile_falls_back_however_many_there_are():
     # Five single-op partitions on a backend that cannot compile: more failures than check
     # rounds, and each must still fall back (compile failures are not check rounds).
-    from collage.api import MAX_CHECK_ROUNDS, _assemble_and_check
+    from collage.checked import MAX_CHECK_ROUNDS, assemble_and_check
     from collage.candidates import Candidate
     from collage.cost import Cost
     from collage.graph import DataflowGraph
@@ -114,10 +116,9 @@ def test_every_partition_failing_to_compile_falls_back_however_many_there_are():
     assert len(parts) > MAX_CHECK_ROUNDS
     x, w = inputs()
     expected = [run_unoptimized(Unary, x, w)]
-    _, vm, placed, fallbacks = _assemble_and_check(graph, Placement(graph, tuple(parts)), expected, [x, w],
-                                                   backends(CANNOT_COMPILE), "llvm")
-    assert len(fallbacks) == len(parts) and {p.backend for p in placed} == {"tvm"}
-    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy(), expected[0], rtol=1e-5)
+    built = assemble_and_check(graph, Placement(graph, tuple(parts)), expected, [x, w], backends(CANNOT_COMPILE), "llvm")
+    assert len(built.fallbacks) == len(parts) and {p.backend for p in built.partitions} == {"tvm"}
+    np.testing.assert_allclose(built.vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy(), expected[0], rtol=1e-5)
 
 
 def test_report_names_partitions_shares_and_times(tmp_path):
@@ -185,12 +186,20 @@ def test_zoo_model_on_every_cpu_backend(tmp_path, name):
     placed = sorted(i for p in opt.placement for i in p.nodes)
     assert placed == list(range(len(placed)))  # every operator exactly once
     assert all(p.cost_ms > 0 for p in opt.placement)
-    # The op-level answer and each engine's regions were timed end to end; the fastest was kept.
+    # The op-level answer and each engine alone were timed end to end; the kept one is the
+    # fastest or within noise of it (the simplest of those).
     timed = opt.stats["alternatives"]
-    assert "op-level" in timed
-    assert timed[opt.stats["chosen"]]["measured_ms"] == min(a["measured_ms"] for a in timed.values())
-    assert opt.measured.median_ms == timed[opt.stats["chosen"]]["measured_ms"]
+    assert {"op-level", "onnxruntime alone", "openvino alone"} <= set(timed)
+    assert_kept_is_fastest_within_noise(opt)
     assert "cudnn" in opt.excluded and "tvm" not in opt.excluded
+
+
+def assert_kept_is_fastest_within_noise(opt):
+    timed = opt.stats["alternatives"]
+    cost = {name: Cost.of(a["measured_ms"], a["spread_ms"]) for name, a in timed.items()}
+    fastest = min(cost.values(), key=lambda c: c.median_ms)
+    assert within_noise(cost[opt.stats["chosen"]], fastest)
+    assert opt.measured.median_ms == timed[opt.stats["chosen"]]["measured_ms"]
 
 
 def test_an_operator_no_backend_runs_is_named(tmp_path):
@@ -246,7 +255,7 @@ def test_graph_level_search_returns_a_correct_module_no_slower_than_op_level(tmp
     (expected,) = w.reference()
     assert np.abs(got - expected).max() <= 1e-3 * np.abs(expected).max()
     timed, g = opt.stats["alternatives"], opt.stats["graph_level"]
-    assert opt.measured.median_ms <= timed["op-level"]["measured_ms"]
+    assert_kept_is_fastest_within_noise(opt)
     assert "graph-level #1" in timed and g["units"] > 1 and g["placements"] >= 2
     assert g["stopped"] in ("patience", "every placement measured")
     assert g["best_ms"] <= min(g["start_ms"], g["all_on_engine_ms"])

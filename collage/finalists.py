@@ -1,0 +1,87 @@
+"""Finalists: complete placements timed end to end against each other, and the choice among them.
+
+The additive cost model misses what kernels do to each other (threads handed over, caches
+emptied) and what an engine gains across kernels, so ``optimize`` builds a few complete
+placements and times them with the project's one protocol (``collage.timing``,
+docs/timing.md):
+
+- the op-level DP's answer;
+- each inference engine alone on the whole model, as its users run it: from the user's own
+  ONNX file when the model came as one (``collage.engine_alone``), and from collage's
+  conversion, which is the engine's largest region when it covers every op;
+- each engine's largest regions with TVM for the rest, when an op keeps it from the whole;
+- the graph-level search's leaders.
+
+Collage can then lose to no engine beyond measurement noise. Among finalists within noise of
+the fastest, the simplest is kept: fewest libraries, then fewest partitions. It is as fast as
+far as can be measured, and fewer libraries sharing the cores leave less to chance in the
+runs that were not timed (``choose``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+from tvm import relax
+
+from .assemble import Assembly
+from .cost import Cost
+from .placement import Partition
+from .runner import device_for, to_tensors
+from .timing import Protocol, time_contenders
+
+FINALIST_PROTOCOL = Protocol(rounds=7, block_ms=60.0, settle_s=0.1)
+# Finalists closer than this share of the fastest's time are tied whatever their spreads say:
+# runs in fresh processes differ by about that much (docs/timing.md).
+NOISE_FLOOR = 0.02
+
+
+@dataclass
+class Finalist:
+    """One complete placement, assembled, checked against the unoptimized model, and ready to
+    time: its partitions, the DP's estimate (NaN where a kernel was never measured alone), the
+    partitions that fell back to TVM and why."""
+
+    partitions: list[Partition]
+    assembly: Assembly
+    vm: relax.VirtualMachine
+    estimated_ms: float
+    fallbacks: list[tuple[Partition, str]] = field(default_factory=list)
+
+    @property
+    def simplicity(self) -> tuple[int, int]:
+        """(libraries, partitions): the fewer, the simpler."""
+        return len({p.backend for p in self.partitions}), len(self.partitions)
+
+
+def time_finalists(
+    vms: dict[str, relax.VirtualMachine], arrays: list[np.ndarray], target: str, protocol: Protocol = FINALIST_PROTOCOL
+) -> dict[str, Cost]:
+    """End-to-end cost of each module (label -> VM) on ``arrays``, timed against each other."""
+    inputs = to_tensors(arrays, device_for(target))
+    return time_contenders({label: functools.partial(vm["main"], *inputs) for label, vm in vms.items()}, protocol)
+
+
+def within_noise(cost: Cost, fastest: Cost) -> bool:
+    """Whether ``cost`` is as fast as ``fastest`` as far as the timing can tell: apart by no
+    more than either one's spread, or than ``NOISE_FLOOR`` of the fastest."""
+    allowed = max(cost.spread_ms, fastest.spread_ms, NOISE_FLOOR * fastest.median_ms)
+    return cost.median_ms - fastest.median_ms <= allowed
+
+
+def choose(measured: dict[str, Cost], simplicity: dict[str, tuple[int, int]]) -> tuple[str, str | None]:
+    """The finalist to keep, and a note when it is not the fastest: the simplest of those within
+    noise of the fastest (fewest libraries, then partitions, then the faster)."""
+    fastest = min(measured, key=lambda name: measured[name].median_ms)
+    tied = [name for name in measured if within_noise(measured[name], measured[fastest])]
+    chosen = min(tied, key=lambda name: (simplicity[name], measured[name].median_ms))
+    if chosen == fastest:
+        return chosen, None
+    slower = measured[chosen].median_ms / measured[fastest].median_ms - 1
+    libraries, partitions = simplicity[chosen]
+    return chosen, (
+        f"kept {chosen!r} ({libraries} librar{'y' if libraries == 1 else 'ies'}, {partitions} partition(s)): "
+        f"within noise of the fastest, {fastest!r} ({slower:+.1%}), and simpler"
+    )

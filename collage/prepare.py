@@ -1,0 +1,93 @@
+"""The model as every stage takes it: ``main`` with its weights bound and static tensor
+inputs, the backends asked for, the graph to place, and the unoptimized outputs that every
+assembled module is checked against. ``optimize`` and ``load_placement`` both start here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from .backend import Backend, BackendSet, default_backends
+from .cost_log import CostLog
+from .graph import DataflowGraph
+from .optimized import OptimizeError
+from .runner import build_vm, device_for, numpy_outputs, static_shape, to_tensors
+
+TARGETS = ("llvm", "cuda")
+
+
+def check_target(target: str) -> None:
+    if target not in TARGETS:
+        raise OptimizeError(f"unknown target {target!r}; collage supports {', '.join(TARGETS)}")
+
+
+def bound_main(mod, params: Mapping[str, np.ndarray] | None) -> tvm.IRModule:
+    """``mod`` with ``params`` bound into ``main``, checked to take static tensor inputs only."""
+    if not isinstance(mod, tvm.IRModule):
+        raise OptimizeError(
+            f"collage.optimize takes a Relax tvm.IRModule, not {type(mod).__name__}; import ONNX models "
+            "with tvm.relax.frontend.onnx.from_onnx and PyTorch ones with tvm.relax.frontend.torch"
+        )
+    main = mod["main"] if any(gv.name_hint == "main" for gv in mod.get_global_vars()) else None
+    if not isinstance(main, relax.Function):
+        raise OptimizeError("the module has no Relax function named 'main' to optimize")
+    if params:
+        known = {p.name for p in main.params}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise OptimizeError(f"params name no input of main: {', '.join(unknown)} (inputs: {', '.join(sorted(known))})")
+        mod = relax.transform.BindParams("main", {k: tvm.runtime.tensor(np.asarray(v)) for k, v in params.items()})(mod)
+    for p in mod["main"].params:
+        if not isinstance(p.ty, relax.TensorType):
+            raise OptimizeError(f"input {p.name!r} is a {p.ty}, not a tensor; collage takes tensor inputs")
+        try:
+            static_shape(p.ty)
+        except ValueError as err:
+            raise OptimizeError(f"input {p.name!r}: {err}") from None
+    return mod
+
+
+def backend_set(backends: BackendSet | Iterable[Backend | str] | None) -> BackendSet:
+    """The backends asked for (records or names of registered ones); None: every registered one."""
+    if backends is None:
+        return default_backends()
+    if isinstance(backends, BackendSet):
+        return backends
+    defaults = default_backends()
+    chosen = []
+    for b in backends:
+        if isinstance(b, Backend):
+            chosen.append(b)
+        else:
+            try:
+                chosen.append(defaults[b])
+            except KeyError as err:
+                raise OptimizeError(err.args[0]) from None
+    return BackendSet(chosen)
+
+
+def dataflow_graph(mod: tvm.IRModule) -> DataflowGraph:
+    """The graph of ``main``'s operators, its bindings put in one dataflow block if need be."""
+    try:
+        return DataflowGraph(mod["main"])
+    except ValueError:
+        pass
+    try:
+        return DataflowGraph(relax.transform.ConvertToDataflow(min_size=1)(mod)["main"])
+    except ValueError as err:
+        raise OptimizeError(f"main cannot be placed: {err}") from None
+
+
+def reference_outputs(original, arrays, log: CostLog, seed: int, target: str) -> list[np.ndarray]:
+    """The unoptimized module's outputs on ``arrays`` (drawn with ``seed``): from the log, else
+    run on TVM and saved."""
+    key = f"{tvm_ffi.structural_hash(original):x} seed {seed} {target}"
+    saved = log.get_reference(key)
+    if saved is None:
+        saved = numpy_outputs(build_vm(original, target)["main"](*to_tensors(arrays, device_for(target))))
+        log.put_reference(key, saved)
+    return saved

@@ -1,0 +1,163 @@
+"""Finalists: the tie rule, engines at their users' settings, and every engine alone on the
+whole model (from collage's conversion and from the user's own ONNX file), built, checked
+and timed beside the op-level placement."""
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from tvm import relax
+
+import collage
+from collage.assemble import runs_alone
+from collage.backend import default_backends
+from collage.candidates import Candidate
+from collage.cost import Cost
+from collage.engine_alone import blockers, blockers_text
+from collage.finalists import NOISE_FLOOR, choose, within_noise
+from collage.graph import DataflowGraph
+from collage.placement import Partition
+from collage.report import dominant_tvm_ops
+from collage.subgraph import SubGraph
+from collage.timing import Timing
+from experiments import models
+
+FAST = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
+ENGINES = ["tvm", "onnxruntime", "openvino"]
+
+
+# -- the tie rule --
+
+
+def test_the_fastest_is_kept_when_the_others_are_clearly_slower():
+    measured = {"op-level": Cost.of(1.0, 0.01), "onnxruntime alone": Cost.of(1.2, 0.01)}
+    simplicity = {"op-level": (3, 40), "onnxruntime alone": (1, 1)}
+    assert choose(measured, simplicity) == ("op-level", None)
+
+
+def test_of_finalists_within_noise_the_simplest_is_kept_and_the_report_says_why():
+    measured = {"op-level": Cost.of(1.00, 0.01), "onnxruntime alone": Cost.of(1.01, 0.01), "mix": Cost.of(0.995, 0.0)}
+    simplicity = {"op-level": (2, 7), "onnxruntime alone": (1, 1), "mix": (3, 12)}
+    chosen, note = choose(measured, simplicity)
+    assert chosen == "onnxruntime alone"
+    assert "within noise of the fastest, 'mix' (+1.5%)" in note and "1 library, 1 partition(s)" in note
+
+
+def test_noise_is_the_larger_spread_or_the_floor():
+    fastest = Cost.of(10.0, 0.1)
+    assert within_noise(Cost.of(10.0 * (1 + NOISE_FLOOR), 0.0), fastest)
+    assert not within_noise(Cost.of(10.0 * (1 + NOISE_FLOOR) + 0.01, 0.0), fastest)
+    assert within_noise(Cost.of(10.5, 0.6), fastest)  # its own spread covers the gap
+
+
+def test_equally_simple_finalists_within_noise_go_to_the_faster():
+    measured = {"a": Cost.of(1.00, 0.0), "b": Cost.of(1.01, 0.0)}
+    assert choose(measured, {"a": (1, 1), "b": (1, 1)}) == ("a", None)
+
+
+# -- an engine alone keeps its users' settings --
+
+
+def _partitions(graph, *specs):
+    """Partitions from (backend, nodes, cost ms) specs."""
+    return [Partition(Candidate(SubGraph(graph, frozenset(nodes)), backend, f"{backend}.x"), Cost.of(ms))
+            for backend, nodes, ms in specs]
+
+
+def test_a_partition_runs_alone_when_nothing_of_another_library_of_weight_runs_beside_it():
+    graph = DataflowGraph(models.load("mlp").relax["main"])
+    n = len(graph)
+    (whole,) = _partitions(graph, ("onnxruntime", range(n), 1.0))
+    assert runs_alone(whole, [whole])
+    engine, reshape = _partitions(graph, ("onnxruntime", range(n - 1), 1.0), ("tvm", [n - 1], 0.01))
+    assert runs_alone(engine, [engine, reshape])  # TVM's share is trivial
+    engine, heavy = _partitions(graph, ("onnxruntime", range(n - 1), 1.0), ("tvm", [n - 1], 0.5))
+    assert not runs_alone(engine, [engine, heavy])
+    a, b = _partitions(graph, ("onnxruntime", range(n - 1), 1.0), ("openvino", [n - 1], 0.01))
+    assert not runs_alone(a, [a, b])  # another library's kernel follows
+
+
+@pytest.fixture(scope="module")
+def mlp_optimized(tmp_path_factory):
+    w = models.load("mlp")
+    log = tmp_path_factory.mktemp("log") / "c.sqlite"
+    opt = collage.optimize(w.relax, backends=ENGINES, cost_log=log, onnx_model=w.onnx, timing=FAST, progress=False)
+    return w, opt
+
+
+def _spinning_stops(kernel) -> bool:
+    options = kernel.session.get_session_options()
+    try:
+        return options.get_session_config_entry("session.force_spinning_stop") == "1"
+    except RuntimeError:  # never set: ONNX Runtime's default, spinning
+        return False
+
+
+def test_onnxruntime_alone_keeps_its_threads_spinning_and_among_others_stops_them(tmp_path):
+    from collage.backends import onnxruntime
+
+    w = models.load("mlp")
+    func = w.relax["main"]
+    alone = onnxruntime.compile_onnx(onnxruntime.to_onnx(func), "llvm", alone=True)
+    among = onnxruntime.BACKEND.compile(func, "onnxruntime.fused", "llvm")
+    assert not _spinning_stops(alone) and _spinning_stops(among)
+
+
+def test_every_engine_alone_is_a_finalist_built_checked_and_timed(mlp_optimized):
+    w, opt = mlp_optimized
+    timed = opt.stats["alternatives"]
+    for name in ("op-level", "onnxruntime alone", "openvino alone",
+                 "onnxruntime on the ONNX file", "openvino on the ONNX file"):
+        assert name in timed and timed[name]["measured_ms"] > 0
+    got = opt(*[x.numpy() for x in w.inputs])
+    (expected,) = w.reference()
+    assert np.abs(got[0] - expected).max() <= 1e-4 * np.abs(expected).max()
+    report = opt.report()
+    assert "onnxruntime on the ONNX file" in report and "<- kept" in report
+
+
+def test_a_kept_onnxruntime_finalist_runs_with_its_users_settings(mlp_optimized):
+    _, opt = mlp_optimized
+    ort_kernels = [kernel for p, _, kernel in opt._assembly.kernels if p.backend == "onnxruntime"]
+    if len(opt.placement) != 1 or not ort_kernels:
+        pytest.skip(f"kept {opt.stats['chosen']!r}, not one ONNX Runtime partition")
+    assert not _spinning_stops(ort_kernels[0])
+
+
+def test_an_onnx_file_that_computes_otherwise_is_left_out_with_the_reason(tmp_path):
+    w = models.load("mlp")
+    other = onnx.ModelProto()
+    other.CopyFrom(w.onnx)
+    first = other.graph.initializer[0]
+    first.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(first) * 2, first.name))
+    opt = collage.optimize(w.relax, backends=["tvm", "onnxruntime"], cost_log=tmp_path / "c.sqlite",
+                           onnx_model=other, timing=FAST, progress=False)
+    assert "onnxruntime on the ONNX file" not in opt.stats["alternatives"]
+    assert "disagrees with the unoptimized module" in opt.stats["engine_alone"]["onnxruntime file"]
+
+
+def test_the_report_names_the_ops_that_keep_an_engine_from_the_whole_model():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.relu(x))
+            b = bb.emit(relax.op.call_pure_packed("no.such.function", a, ty_args=relax.TensorType((4, 4), "float32")))
+            out = bb.emit_output(relax.op.exp(b))
+        bb.emit_func_output(out)
+    graph = DataflowGraph(bb.get()["main"])
+    found = blockers(graph, default_backends()["onnxruntime"])
+    assert list(found) == ["relax.call_pure_packed"] and found["relax.call_pure_packed"][0] == 1
+    assert blockers_text("onnxruntime", found).startswith("onnxruntime cannot take the whole model: call_pure_packed x1 (")
+
+
+def test_a_dominant_untuned_tvm_op_is_warned_about(tmp_path):
+    graph = DataflowGraph(models.load("mlp").relax["main"])
+    n = len(graph)
+    parts = _partitions(graph, ("onnxruntime", range(n - 1), 1.0), ("tvm", [n - 1], 9.0))
+    (warning,) = dominant_tvm_ops(parts)
+    assert warning.startswith("90% of the estimated time") and "left to TVM untuned" in warning
+    assert dominant_tvm_ops(_partitions(graph, ("onnxruntime", range(n - 1), 1.0), ("tvm", [n - 1], 0.1))) == []
+    assert math.isfinite(sum(p.cost_ms for p in parts))
