@@ -168,17 +168,40 @@ class Device:
         return f"{self.name}, {self.threads} thread{'s' if self.threads != 1 else ''}"
 
 
-def _cpu_name() -> str:
-    """The CPU model as /proc/cpuinfo names it (Linux), else what ``platform`` reports."""
+# The instruction-set extensions that decide which library is fastest at f32 and below.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_info() -> dict:
+    """The CPU as /proc/cpuinfo describes it (Linux): model name, family and model numbers,
+    and which of ``ISA_FLAGS`` it has; elsewhere, what ``platform`` reports."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 field, _, value = line.partition(":")
-                if field.strip() == "model name" and value.strip():
-                    return value.strip()
+                if not field.strip():
+                    break  # the first processor's block is enough
+                fields.setdefault(field.strip(), value.strip())
     except OSError:
         pass  # not Linux: fall back to platform below
-    return platform.processor() or platform.machine() or "unknown CPU"
+    flags = set(fields.get("flags", "").split())
+    return {
+        "model": fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU",
+        "family": fields.get("cpu family"),
+        "model_number": fields.get("model"),
+        "isa": [flag for flag in ISA_FLAGS if flag in flags],
+    }
+
+
+def _cpu_name() -> str:
+    """The CPU model with its family, model number and ISA flags: a cloud CPU's name alone
+    ("AMD EPYC") has named a Zen 3 without AVX-512 and a Zen 5 with it, and costs measured on
+    one do not hold on the other."""
+    info = cpu_info()
+    if info["family"] is None:
+        return info["model"]
+    return f"{info['model']} (family {info['family']} model {info['model_number']}; {' '.join(info['isa']) or 'no AVX2'})"
 
 
 def _gpu_name() -> str:

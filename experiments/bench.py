@@ -4,12 +4,11 @@
                                 [--small] [--budget 60] [--out ...json] [--plot ...png]
 
 For each model: export it once (ONNX, Relax), prepare every peer (see ``experiments.peers``),
-check its output against torch's, warm it up, then time the peers in rounds. Each round runs
-every remaining peer once, in a fresh random order (seeded), so that drift in the machine
-(other processes, clock speed) hits all peers alike and no peer always follows the same
-neighbour: with a fixed order, the peer timed right after TVM's untuned 200 ms calls came out
-5-10% slower at DCGAN's scale. A peer leaves the rounds after
-``max_reps`` samples, or after ``min_reps`` once it has used its share of ``budget`` seconds.
+check its output against torch's, warm it up, then time the peers with the project's one
+protocol (``collage.timing.time_contenders``, docs/timing.md): rounds of one block of
+back-to-back calls per peer, in a fresh random order, each after a settling pause; the median
+of the block medians and their spread. A peer leaves the rounds after ``max_reps`` blocks, or
+after ``min_reps`` once it has used its share of ``budget`` seconds.
 
 The results go to a JSON file keyed by model (running one model updates only that model's
 entry, so models can be run separately), to a table on the terminal and to a bar chart
@@ -24,8 +23,6 @@ import json
 import math
 import os
 import platform
-import random
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -52,26 +49,27 @@ VERSIONED_PACKAGES = ("torch", "apache-tvm", "onnxruntime", "openvino", "onnx", 
 
 @dataclass(frozen=True)
 class Settings:
-    """How each model is measured."""
+    """How each model is measured: the project's timing protocol (``collage.timing.Protocol``,
+    docs/timing.md) with a time budget per model. Each round times one block of back-to-back
+    calls of every peer, in a fresh random order, after a settling pause (the peer before it
+    leaves threads spinning: OpenVINO's DCGAN took 1.43 ms right after ONNX Runtime's, 0.68 ms
+    alone). A peer leaves the rounds after ``min_reps`` once it has used its share of
+    ``budget_s`` (TVM's untuned kernels take seconds), else after ``max_reps``."""
 
     threads: int = 2
     budget_s: float = 60.0  # time for the rounds of one model, shared by its peers
-    min_reps: int = 3  # a multi-second peer stops here once its share of the budget is spent
-    max_reps: int = 30
-    warmup_calls: int = 2  # warm-up lasts at least this many calls and this many seconds
+    min_reps: int = 3
+    max_reps: int = 15
+    warmup_calls: int = 2  # at preparation: the check's call and one more
     warmup_s: float = 0.5
-    # Before each timed call, a peer whose calls take under settle_below_s sleeps quiet_s, then
-    # makes untimed calls for settle_s. The peer before it in the round leaves threads spinning
-    # (ONNX Runtime's for 10-40 ms here) and caches full of its own data, which would otherwise
-    # be charged to this peer: OpenVINO's DCGAN took 1.43 ms right after ONNX Runtime's even
-    # after 20 ms of settle calls, 0.74 ms after a 50 ms sleep first, 0.68 alone. Next to a
-    # call of a second or more, that cost is lost in the noise.
-    quiet_s: float = 0.05
-    settle_s: float = 0.05
-    settle_below_s: float = 1.0
-    # A sample is the mean of as many back-to-back calls as fill sample_s (one call for a model
-    # slower than that): single 0.7 ms calls of DCGAN spread by +-30-50%.
-    sample_s: float = 0.02
+    block_ms: float = 100.0  # back-to-back calls filling this make one block
+    settle_s: float = 0.2
+
+    def protocol(self):
+        from collage.timing import Protocol  # collage loads TVM: only after pin_threads
+
+        return Protocol(rounds=self.max_reps, block_ms=self.block_ms, settle_s=self.settle_s,
+                        warmup_s=self.warmup_s, seed=ORDER_SEED, budget_s=self.budget_s, min_rounds=self.min_reps)
 
 
 @dataclass(frozen=True)
@@ -81,9 +79,6 @@ class Prepared:
     runner: Runner
     prepare_s: float
     max_rel_err: float
-    settle_s: float  # untimed calls before each sample, see Settings
-    quiet_s: float  # sleep before those
-    number: int  # calls per sample
 
 
 def default_results_path(small: bool) -> Path:
@@ -118,73 +113,41 @@ def prepare(prepare_fn: PrepareFn, w: models.Workload, reference, settings: Sett
     start = time.perf_counter()
     runner = prepare_fn(w, settings.threads)
     prepare_s = time.perf_counter() - start
-
-    start = time.perf_counter()
     error = max_relative_error(runner.to_numpy(runner.run()), reference)
-    calls, last_call_s = 1, time.perf_counter() - start
-    while calls < settings.warmup_calls or time.perf_counter() - start < settings.warmup_s:
-        call_start = time.perf_counter()
+    for _ in range(settings.warmup_calls - 1):
         runner.run()
-        calls, last_call_s = calls + 1, time.perf_counter() - call_start
-    quick = last_call_s < settings.settle_below_s
-    number = max(1, math.ceil(settings.sample_s / max(last_call_s, 1e-9)))
-    return Prepared(runner, prepare_s, error, settings.settle_s if quick else 0.0, settings.quiet_s if quick else 0.0, number)
+    return Prepared(runner, prepare_s, error)
 
 
-def timed_call(peer: Prepared) -> float:
-    """Seconds per inference, the mean of one sample's calls, after a quiet pause and the
-    peer's settle calls."""
-    time.sleep(peer.quiet_s)
-    settle_end = time.perf_counter() + peer.settle_s
-    while time.perf_counter() < settle_end:
-        peer.runner.run()
-    start = time.perf_counter()
-    for _ in range(peer.number):
-        peer.runner.run()
-    return (time.perf_counter() - start) / peer.number
-
-
-def time_in_rounds(
-    peers: dict[str, Prepared], settings: Settings
-) -> tuple[dict[str, list[float]], dict[str, str]]:
-    """Samples (seconds) per peer, and the errors of peers that broke while being timed."""
-    share_s = settings.budget_s / max(len(peers), 1)
-    samples = {name: [] for name in peers}
-    spent_s = dict.fromkeys(peers, 0.0)  # wall time in the rounds, settle calls included
+def time_peers(peers: dict[str, Prepared], settings: Settings) -> tuple[dict, dict[str, str]]:
+    """Each peer's latency (a ``collage.cost.Cost``) under the protocol, and the errors of peers
+    that broke while being timed (a broken peer's calls then do nothing, so the others' rounds
+    go on)."""
+    from collage.timing import time_contenders
     errors: dict[str, str] = {}
 
-    def done(name):
-        n = len(samples[name])
-        return n >= settings.max_reps or (n >= settings.min_reps and spent_s[name] >= share_s)
-
-    active, order = list(peers), random.Random(ORDER_SEED)
-    while active:
-        for name in order.sample(active, len(active)):
-            start = time.perf_counter()
+    def guarded(name, run):
+        def call():
+            if name in errors:
+                return
             try:
-                samples[name].append(timed_call(peers[name]))
+                run()
             except Exception as error:  # a peer that breaks mid-way must not stop the others
                 errors[name] = f"run: {one_line(error)}"
-            spent_s[name] += time.perf_counter() - start
-        active = [name for name in active if name not in errors and not done(name)]
-    return samples, errors
+
+        return call
+
+    costs = time_contenders({name: guarded(name, p.runner.run) for name, p in peers.items()}, settings.protocol())
+    return costs, errors
 
 
-def summarize(samples_s: list[float]) -> dict:
-    """Median, quartiles, relative spread ((p75 - p25) / median) and minimum of the samples,
-    in ms. The minimum is the best case: on a machine shared with other work it is the
-    closest estimate of the uncontended latency."""
-    ms = [s * 1e3 for s in samples_s]
-    median = statistics.median(ms)
-    p25, _, p75 = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else ms * 3
+def summarize(cost) -> dict:
+    """Median of the block medians and their interquartile range (absolute and relative), ms."""
     return {
-        "median_ms": median,
-        "p25_ms": p25,
-        "p75_ms": p75,
-        "spread": (p75 - p25) / median,
-        "min_ms": min(ms),
-        "samples": len(ms),
-        "times_ms": [round(t, 4) for t in ms],
+        "median_ms": cost.median_ms,
+        "spread_ms": cost.spread_ms,
+        "spread": cost.spread_ms / cost.median_ms if cost.median_ms else 0.0,
+        "samples": cost.samples,
     }
 
 
@@ -231,20 +194,22 @@ def measure_model(
 
     print(f"  {name}: timing {', '.join(prepared)}", flush=True)
     before = cpu_seconds()
-    samples, run_errors = time_in_rounds(prepared, settings)
+    costs, run_errors = time_peers(prepared, settings)
     entry["meta"]["busy_cores_by_others"] = busy_cores_by_others(before, cpu_seconds())
     for peer, p in prepared.items():
         common = {"prepare_s": round(p.prepare_s, 2), "max_rel_err": p.max_rel_err, **p.runner.info}
         if peer in run_errors:
             records[peer] = {**failed_record(run_errors[peer]), **common}
         else:
-            records[peer] = {**summarize(samples[peer]), **common, "error": None}
+            records[peer] = {**summarize(costs[peer]), **common, "error": None}
     entry["peers"] = {peer: records[peer] for peer in peers}  # registry order
     return entry
 
 
 def metadata(settings: Settings) -> dict:
-    """What a measurement ran on and how it was made."""
+    """What a measurement ran on and how it was made: the CPU with its ISA flags (the fastest
+    engine differs between a Zen 3 with AVX2 and a Zen 5 with AVX-512)."""
+    from collage.cost import Device, cpu_info
     versions = {}
     for package in VERSIONED_PACKAGES:
         try:
@@ -253,7 +218,8 @@ def metadata(settings: Settings) -> dict:
             versions[package] = None
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "cpu": cpu_model(),
+        "cpu": Device.this_machine(settings.threads).name,  # model, family, ISA flags
+        "cpu_info": cpu_info(),
         "cpu_count": os.cpu_count(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         **asdict(settings),
@@ -281,17 +247,6 @@ def busy_cores_by_others(before, after) -> float | None:
         return None
     wall_s, machine_s, own_s = (b - a for a, b in zip(before, after))
     return round(max(machine_s - own_s, 0.0) / wall_s, 2)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 # --------------------------------------------------------------------------- results file

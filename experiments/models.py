@@ -403,7 +403,89 @@ class NASNetAMobile(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(F.relu(s1), 1), 1))
 
 
-# --------------------------------------------------------------------------- MLP and BERT
+# --------------------------------------------------------------------------- MobileNetV2
+
+
+def conv_bn_relu6(cin, cout, kernel, stride=1, groups=1):
+    """Conv + BN + ReLU6 with "same" padding for odd kernels, MobileNetV2's unit."""
+    return nn.Sequential(*conv_bn(cin, cout, kernel, stride, kernel // 2, groups, relu=False), nn.ReLU6(inplace=True))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand (ReLU6), 3x3 depthwise (ReLU6), 1x1 linear projection,
+    and the identity shortcut when the block keeps both resolution and width."""
+
+    def __init__(self, cin, cout, stride, expand_ratio):
+        super().__init__()
+        hidden = cin * expand_ratio
+        # With t = 1 the expansion would be a square 1x1 conv on the input; the reference
+        # architecture (and torchvision) leaves it out, so the first block is depthwise first.
+        expand = [conv_bn_relu6(cin, hidden, 1)] if expand_ratio != 1 else []
+        self.body = nn.Sequential(
+            *expand,
+            conv_bn_relu6(hidden, hidden, 3, stride, groups=hidden),
+            conv_bn(hidden, cout, 1, relu=False),  # linear bottleneck: no activation
+        )
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+# (expansion t, output channels c, repeats n, first stride s), Sandler et al., 2018, Table 2.
+MOBILENET_V2_BLOCKS = [
+    (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+    (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1),
+]  # fmt: skip
+
+
+class MobileNetV2(nn.Module):
+    """MobileNetV2 (Sandler et al., 2018), width 1.0: 3x3/2 stem, 17 inverted residual blocks,
+    1x1 conv to 1280, global average pool, linear classifier. The classifier's dropout is
+    left out: it is the identity in inference."""
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        layers, cin = [conv_bn_relu6(3, 32, 3, 2)], 32
+        for t, c, n, s in MOBILENET_V2_BLOCKS:
+            for i in range(n):
+                layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+                cin = c
+        layers.append(conv_bn_relu6(cin, 1280, 1))
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(1280, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+# --------------------------------------------------------------------------- keyword spotting DS-CNN
+
+
+class KWSDSCNN(nn.Module):
+    """DS-CNN "S" keyword spotter (Zhang et al., 2017, "Hello Edge"): MFCC features 49x10
+    (49 frames of 10 coefficients) -> 12 classes; one 10x4/2 conv to 64 channels, four
+    depthwise-separable blocks at 64 channels, global average pool, linear.
+
+    About 23k parameters and 2.7M multiply-adds: the arithmetic takes microseconds, so a
+    backend's per-call overhead (kernel launches, engine entry, copies) weighs as much.
+    """
+
+    def __init__(self, channels=64, blocks=4, num_classes=12):
+        super().__init__()
+        # The original pads "SAME" (4 above, 5 below on the frame axis); torch pads
+        # symmetrically, and (5, 1) gives the same 25x5 output grid.
+        layers = [conv_bn(1, channels, (10, 4), 2, (5, 1))]
+        for _ in range(blocks):
+            layers += [conv_bn(channels, channels, 3, 1, 1, groups=channels), conv_bn(channels, channels, 1)]
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(channels, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+# --------------------------------------------------------------------------- MLP and transformers
 
 
 class MLP(nn.Module):
@@ -438,6 +520,64 @@ class BertEncoder(nn.Module):
         return self.bert(input_ids=input_ids).last_hidden_state
 
 
+class SelfAttention(nn.Module):
+    """Multi-head self-attention as plain ops: three projections, reshape/permute into heads,
+    scaled ``q @ k^T``, softmax, ``@ v``, heads merged back, output projection."""
+
+    def __init__(self, d_model, heads):
+        super().__init__()
+        self.heads, self.head_dim = heads, d_model // heads
+        self.q, self.k, self.v, self.out = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, x):
+        b, s, d = x.shape
+        split = lambda t: t.reshape(b, s, self.heads, self.head_dim).permute(0, 2, 1, 3)  # noqa: E731
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        scores = torch.matmul(q, k.permute(0, 1, 3, 2)) * self.head_dim**-0.5
+        ctx = torch.matmul(torch.softmax(scores, dim=-1), v)
+        return self.out(ctx.permute(0, 2, 1, 3).reshape(b, s, d))
+
+
+class EncoderLayer(nn.Module):
+    """Post-LayerNorm encoder layer, as in BERT: ``x = LN(x + attn(x)); x = LN(x + ffn(x))``."""
+
+    def __init__(self, d_model, heads, d_ff):
+        super().__init__()
+        self.attn = SelfAttention(d_model, heads)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+        self.norm2 = nn.LayerNorm(d_model)
+
+    def forward(self, x):
+        x = self.norm1(x + self.attn(x))
+        return self.norm2(x + self.ffn(x))
+
+
+class TransformerEncoder(nn.Module):
+    """A small transformer encoder written out by hand: token embedding (1000-word vocabulary)
+    plus a learned position embedding, 2 post-LN layers of d_model 256, 4 heads, GELU
+    feed-forward 1024; returns the last hidden state.
+
+    Not ``nn.TransformerEncoderLayer``: its inference fast path goes through fused kernels
+    (``_transformer_encoder_layer_fwd``) that export badly; here attention stays plain
+    matmul / softmax / reshape / permute. No attention mask: every position is a real token.
+    """
+
+    def __init__(self, vocab=1000, max_len=64, d_model=256, heads=4, d_ff=1024, layers=2):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, d_model)
+        # BERT's initialization scale (std 0.02) for the learned positions; a shorter
+        # sequence uses the first rows.
+        self.positions = nn.Parameter(torch.randn(1, max_len, d_model) * 0.02)
+        # Post-LN layers expect normalized input, so the embedding sum is normalized first (BERT does too).
+        self.norm = nn.LayerNorm(d_model)
+        self.layers = nn.Sequential(*(EncoderLayer(d_model, heads, d_ff) for _ in range(layers)))
+
+    def forward(self, input_ids):
+        x = self.tokens(input_ids) + self.positions[:, : input_ids.shape[1]]
+        return self.layers(self.norm(x))
+
+
 # --------------------------------------------------------------------------- the zoo
 
 
@@ -448,6 +588,7 @@ class ModelSpec:
     small_input: tuple[int, ...]  # reduced size for the test suite
     dtype: torch.dtype = torch.float32
     description: str = ""
+    vocab: int | None = None  # int64 inputs are token ids in [0, vocab)
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -462,20 +603,31 @@ MODELS: dict[str, ModelSpec] = {
     "nasnet_mobile": ModelSpec(NASNetAMobile, (1, 3, 224, 224), (1, 3, 64, 64), description="NASNet-A (mobile)"),
     "r3d18": ModelSpec(R3D18, (1, 3, 8, 112, 112), (1, 3, 4, 32, 32), description="R3D-18, 8-frame 112x112 clip"),
     "bert": ModelSpec(
-        BertEncoder, (1, 128), (1, 16), torch.int64, description="BERT-base, sequence length 128"
+        BertEncoder, (1, 128), (1, 16), torch.int64, description="BERT-base, sequence length 128", vocab=30522
     ),
     "mlp": ModelSpec(MLP, (1, 784), (1, 784), description="MLP 784-512-256-10"),
+    "mobilenet_v2": ModelSpec(MobileNetV2, (1, 3, 224, 224), (1, 3, 64, 64), description="MobileNetV2 (width 1.0)"),
+    "transformer_encoder": ModelSpec(
+        TransformerEncoder, (1, 64), (1, 16), torch.int64,
+        description="2-layer transformer encoder, d_model 256, sequence length 64", vocab=1000,
+    ),  # fmt: skip
+    "kws_dscnn": ModelSpec(
+        KWSDSCNN, (1, 1, 49, 10), (1, 1, 49, 10), description="DS-CNN (S) keyword spotting, 49x10 MFCC"
+    ),
 }
 # Reduced input sizes (small=True): CNNs at 64x64 except Inception-v3 at 107x107 (its
-# unpadded stride-2 chain needs at least 75x75), R3D-18 on a 4x32x32 clip, BERT at
-# sequence length 16. DCGAN and the MLP run at full size.
+# unpadded stride-2 chain needs at least 75x75), R3D-18 on a 4x32x32 clip, BERT and the
+# small transformer encoder at sequence length 16. DCGAN, the MLP and the keyword spotter
+# (already tiny) run at full size.
 SMALL_INPUTS = {name: spec.small_input for name, spec in MODELS.items()}
 
 
 def random_inputs(spec: ModelSpec, shape, seed=SEED) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
-    if spec.dtype == torch.int64:  # token ids for BERT's 30522-word vocabulary
-        return (torch.randint(0, 30522, shape, generator=g),)
+    if spec.dtype == torch.int64:  # token ids, in range for the model's embedding table
+        if spec.vocab is None:
+            raise ValueError(f"{spec.description or spec.build}: int64 input needs ModelSpec.vocab")
+        return (torch.randint(0, spec.vocab, shape, generator=g),)
     return (torch.randn(shape, generator=g),)
 
 

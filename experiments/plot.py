@@ -5,7 +5,7 @@
 
 ``plot_latency``: latency per peer per model, collage among the peers. The y axis is
 logarithmic because untuned TVM can be a hundred times slower than the rest. Bars show the
-median; the whiskers span the middle half of the samples (p25 to p75).
+median; the whiskers span the interquartile range of the samples, centred on the median.
 
 ``plot_shares``: for each model, how collage's placement splits the estimated time among
 the backends (stacked to 100%), in the colours of the placement pictures (``collage.draw``).
@@ -63,8 +63,13 @@ def plot_latency(results_json_path, png_path) -> None:
                 continue
             xs.append(position)
             medians.append(record["median_ms"])
-            whiskers[0].append(record["median_ms"] - record["p25_ms"])
-            whiskers[1].append(record["p75_ms"] - record["median_ms"])
+            half = record.get("spread_ms", 0.0) / 2  # older results: p25/p75, below
+            if "p25_ms" in record:
+                whiskers[0].append(record["median_ms"] - record["p25_ms"])
+                whiskers[1].append(record["p75_ms"] - record["median_ms"])
+            else:
+                whiskers[0].append(half)
+                whiskers[1].append(half)
             labels.append(format_ms(record["median_ms"]))
         bars = ax.bar(xs, medians, width, yerr=whiskers, capsize=2, label=peer,
                       color=plt.cm.tab10(i), error_kw={"elinewidth": 0.8})  # fmt: skip

@@ -1,0 +1,132 @@
+"""What running an engine inside collage costs over running it directly, as its users do.
+
+    python -m experiments.engine_overhead --model squeezenet dcgan mobilenet_v2 ... [--threads 2]
+
+For each model and each inference engine (ONNX Runtime, OpenVINO), four contenders are timed
+against each other with the project's protocol (``collage.timing.time_contenders``):
+
+- ``native``: the engine on the model's ONNX export, called from Python as its users call it
+  (``experiments.peers``: ORT's ``run_with_ort_values``, OpenVINO's ``infer``);
+- ``file``: the same file inside a collage module (``collage.engine_alone``): the Relax VM calls
+  the engine's kernel with ``call_dps_packed`` on its own buffers (DLPack, IOBinding);
+- ``converted``: the whole model converted from Relax by collage (``collage.onnx_convert``),
+  in a collage module, with the engine's users' settings (``assemble.runs_alone``);
+- ``converted, spinning stops``: the same kernel as compiled for a placement among other
+  libraries (ONNX Runtime's threads stop spinning after each run), to show what the
+  per-placement setting buys.
+
+The overhead is each collage module's median over ``native``'s, minus one: the aim is at most
+2%. Results go to ``experiments/results/engine_overhead.json`` with the CPU and its ISA flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from experiments import models
+from experiments.peers import pin_threads, prepare_onnxruntime, prepare_openvino
+
+RESULTS = Path(__file__).parent / "results" / "engine_overhead.json"
+NATIVE = {"onnxruntime": prepare_onnxruntime, "openvino": prepare_openvino}
+
+
+def contenders(w: models.Workload, engine: str, threads: int) -> dict:
+    """Name -> call (no arguments) of the four ways to run ``w`` on ``engine``; the collage
+    modules' outputs are checked against torch's."""
+    import numpy as np
+    import tvm
+
+    import collage
+    from collage.assemble import assemble
+    from collage.backend import BackendSet, default_backends
+    from collage.candidates import Candidate
+    from collage.cost import Cost
+    from collage.engine_alone import from_onnx_file
+    from collage.graph import DataflowGraph
+    from collage.placement import Partition
+    from collage.runner import build_vm
+    from collage.subgraph import SubGraph
+
+    backend = default_backends()[engine]
+    original = w.relax
+    graph = DataflowGraph(collage.simplify(original)["main"])
+    whole = Partition(Candidate(SubGraph(graph, frozenset(range(len(graph)))), engine, f"{engine}.region"), Cost.of(1.0))
+    modules = {"file": from_onnx_file(original, graph, backend, w.onnx, "llvm")[0]}
+    modules["converted"] = assemble(graph, [whole], BackendSet([backend]))
+    # A second partition of another library, however cheap, makes the engine's kernel one
+    # among others: the setting a mixed placement gets.
+    modules["converted, spinning stops"] = _among_others(graph, whole, backend)
+    inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
+    reference = w.reference()
+    calls = {"native": NATIVE[engine](w, threads).run}
+    for name, assembly in modules.items():
+        main = build_vm(assembly.module)["main"]
+        out = main(*inputs)
+        got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+        error = float(np.abs(got - reference[0]).max() / np.abs(reference[0]).max())
+        if error > 1e-3:
+            raise SystemExit(f"{w.name} {engine} {name}: relative error {error:.2g}")
+        calls[name] = _bound(main, inputs, assembly)
+    return calls
+
+
+def _among_others(graph, whole, backend):
+    from collage.assemble import assemble
+    from collage.backend import BackendSet
+    from collage.runner import compile_kernel
+
+    kernel, reason = compile_kernel(backend, whole.candidate.subgraph.extract(), whole.pattern, "llvm", alone=False)
+    if reason is not None:
+        raise SystemExit(reason)
+    return assemble(graph, [whole], BackendSet([backend]), compiled={(whole.backend, whole.pattern, whole.nodes, True): (kernel, None)})
+
+
+def _bound(main, inputs, assembly):
+    def call():
+        main(*inputs)
+
+    call.assembly = assembly  # the kernels stay registered while the call lives
+    return call
+
+
+def measure(name: str, threads: int, rounds: int) -> dict:
+    from collage.timing import Protocol, time_contenders
+
+    w = models.load(name)
+    entry = {}
+    for engine in NATIVE:
+        costs = time_contenders(contenders(w, engine, threads), Protocol(rounds=rounds, block_ms=100.0, settle_s=0.2))
+        native = costs["native"].median_ms
+        entry[engine] = {
+            label: {"median_ms": round(c.median_ms, 4), "spread_ms": round(c.spread_ms, 4),
+                    "overhead": round(c.median_ms / native - 1, 4)}
+            for label, c in costs.items()
+        }
+        print(f"{name} {engine}: " + ", ".join(f"{k} {v['median_ms']:.3f} ms ({v['overhead']:+.1%})"
+                                             for k, v in entry[engine].items()), flush=True)
+    return entry
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", nargs="+", required=True, choices=list(models.MODELS), metavar="NAME")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    pin_threads(args.threads)
+    from collage.cost import Device, cpu_info
+
+    results = json.loads(args.out.read_text()) if args.out.exists() else {}
+    for name in args.model:
+        results[name] = {"cpu": Device.this_machine(args.threads).name, "cpu_info": cpu_info(),
+                         "threads": args.threads, "date": time.strftime("%Y-%m-%d"),
+                         **measure(name, args.threads, args.rounds)}
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
