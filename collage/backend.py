@@ -42,7 +42,7 @@ class BoundBuffers:
         self._bound: dict[tuple, object] = {}
 
     def get(self, tensors):
-        key = tuple((t.data_ptr(), tuple(t.shape)) for t in tensors)
+        key = tuple([t.data_ptr() for t in tensors])  # shapes are static: a pointer names a buffer
         bound = self._bound.get(key)
         if bound is None:
             if len(self._bound) >= self.keep:

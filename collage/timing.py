@@ -99,7 +99,7 @@ class Protocol:
     rounds: int = 7
     block_ms: float = 60.0
     min_block_calls: int = 1
-    max_block_calls: int = 100
+    max_block_calls: int = 2000
     settle_s: float = 0.1
     warmup_s: float = 0.2
     seed: int = 0

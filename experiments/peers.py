@@ -157,14 +157,16 @@ def prepare_tvm(w: Workload, threads: int) -> Runner:
 PrepareFn = Callable[[Workload, int], Runner]
 
 def prepare_collage(w: Workload, threads: int) -> Runner:
-    """Collage itself: ``collage.optimize`` on the Relax module, with every usable backend.
-    Costs come from the cost log (``$COLLAGE_COST_LOG``, else ``~/.cache/collage``), so only
-    the first run of a model measures its candidates. Prints the placement report."""
+    """Collage itself: ``collage.optimize`` on the Relax module, with every usable backend,
+    given the ONNX export the ONNX Runtime and OpenVINO peers run (as ``collage optimize
+    model.onnx`` is), so each engine alone on that file is among its finalists. Costs come
+    from the cost log (``$COLLAGE_COST_LOG``, else ``~/.cache/collage``), so only the first run
+    of a model measures its candidates. Prints the placement report."""
     import tvm
 
     import collage
 
-    opt = collage.optimize(w.relax, threads=threads)
+    opt = collage.optimize(w.relax, threads=threads, onnx_model=w.onnx)
     print(opt.report(), flush=True)
     inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
 
@@ -174,6 +176,8 @@ def prepare_collage(w: Workload, threads: int) -> Runner:
         "backend_shares": {b: round(share, 4) for b, share in opt.backend_shares().items()},
         "optimize_s": round(opt.stats["total_s"], 1),
         "measured_candidates": opt.stats["measured"],
+        "chosen": opt.stats["chosen"],
+        "finalists_ms": {name: round(a["measured_ms"], 4) for name, a in opt.stats["alternatives"].items()},
     }
     main = opt.main
     return Runner(lambda: main(*inputs), _tvm_outputs, info)
