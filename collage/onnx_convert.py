@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Union
 
 import numpy as np
@@ -215,6 +216,11 @@ _SAME_OPS = {
     "relax.nn.relu": "Relu", "relax.sigmoid": "Sigmoid", "relax.tanh": "Tanh", "relax.exp": "Exp",
     "relax.log": "Log", "relax.sqrt": "Sqrt", "relax.erf": "Erf", "relax.negative": "Neg",
     "relax.abs": "Abs", "relax.floor": "Floor", "relax.ceil": "Ceil", "relax.where": "Where",
+    "relax.logical_xor": "Xor", "relax.sin": "Sin", "relax.cos": "Cos", "relax.tan": "Tan",
+    "relax.asin": "Asin", "relax.acos": "Acos", "relax.atan": "Atan", "relax.sinh": "Sinh",
+    "relax.cosh": "Cosh", "relax.asinh": "Asinh", "relax.acosh": "Acosh", "relax.atanh": "Atanh",
+    "relax.sign": "Sign", "relax.round": "Round", "relax.isnan": "IsNaN", "relax.isinf": "IsInf",
+    "relax.nn.selu": "Selu",  # ONNX's default alpha and gamma are SELU's constants, as TVM's
 }  # fmt: skip
 for _relax_op, _onnx_op in _SAME_OPS.items():
     CONVERTERS[_relax_op] = _elementwise(_onnx_op)
@@ -233,6 +239,60 @@ def _not_equal(g, call):
 @_converts("relax.rsqrt")
 def _rsqrt(g, call):
     return g.op("Reciprocal", [g.op("Sqrt", [g.tensor(call.args[0])])])
+
+
+@_converts("relax.square")
+def _square(g, call):
+    x = g.tensor(call.args[0])
+    return g.op("Mul", [x, x])
+
+
+@_converts("relax.trunc")
+def _trunc(g, call):
+    """Ceil below zero, Floor above: opset 17 has no Trunc."""
+    _require_float(call)
+    x = g.tensor(call.args[0])
+    negative = g.op("Less", [x, g.scalar(0, _dtype(call.ty))])
+    return g.op("Where", [negative, g.op("Ceil", [x]), g.op("Floor", [x])])
+
+
+@_converts("relax.isfinite")
+def _isfinite(g, call):
+    x = g.tensor(call.args[0])
+    return g.op("Not", [g.op("Or", [g.op("IsNaN", [x]), g.op("IsInf", [x])])])
+
+
+_BOOLEAN_OPS = {
+    "relax.bitwise_and": "And", "relax.bitwise_or": "Or", "relax.bitwise_xor": "Xor", "relax.bitwise_not": "Not",
+}  # fmt: skip
+
+
+@_converts(*_BOOLEAN_OPS)
+def _bitwise(g, call):
+    # BitwiseAnd, BitwiseOr, ... came in opset 18: at 17 only booleans have them, as And, Or, ...
+    dtype = _dtype(call.args[0].ty)
+    _require(dtype == "bool", call, f"dtype {dtype} (opset 17 has bitwise operators for booleans only)")
+    return g.op(_BOOLEAN_OPS[call.op.name], [g.tensor(a) for a in call.args])
+
+
+@_converts("relax.mod", "relax.floor_mod")
+def _mod(g, call):
+    x, y = (g.tensor(a) for a in call.args)
+    if call.op.name == "relax.mod":
+        return g.op("Mod", [x, y], fmod=1)  # C's fmod: the sign of the dividend
+    if not _dtype(call.ty).startswith("float"):
+        return g.op("Mod", [x, y], fmod=0)  # the sign of the divisor, as Python's %
+    # ONNX Mod takes floats with fmod=1 only: x - floor(x / y) y, as TVM computes it.
+    return g.op("Sub", [x, g.op("Mul", [g.op("Floor", [g.op("Div", [x, y])]), y])])
+
+
+@_converts("relax.floor_divide")
+def _floor_divide(g, call):
+    x, y = (g.tensor(a) for a in call.args)
+    if _dtype(call.ty).startswith("float"):
+        return g.op("Floor", [g.op("Div", [x, y])])
+    # ONNX Div truncates integers; x - (x floor-mod y) is a multiple of y, so its Div is exact.
+    return g.op("Div", [g.op("Sub", [x, g.op("Mod", [x, y], fmod=0)]), y])
 
 
 @_converts("relax.nn.silu")
@@ -258,6 +318,28 @@ def _gelu_tanh(g, call):
     inner = g.op("Add", [x, g.op("Mul", [cube, g.scalar(0.044715, dtype)])])
     tanh = g.op("Tanh", [g.op("Mul", [inner, g.scalar(math.sqrt(2 / math.pi), dtype)])])
     return g.op("Mul", [g.op("Mul", [x, g.scalar(0.5, dtype)]), g.op("Add", [tanh, g.scalar(1, dtype)])])
+
+
+@_converts("relax.nn.leakyrelu")
+def _leakyrelu(g, call):
+    return g.op("LeakyRelu", [g.tensor(call.args[0])], alpha=float(call.attrs.alpha))
+
+
+@_converts("relax.nn.prelu")
+def _prelu(g, call):
+    rank, axis = len(_shape(call.ty)), int(call.attrs.axis) % len(_shape(call.ty))
+    # PRelu broadcasts the slope numpy-style: it gains an axis of 1 per axis after the channel's.
+    slope = g.op("Reshape", [g.tensor(call.args[1]), g.ints([-1] + [1] * (rank - 1 - axis))])
+    return g.op("PRelu", [g.tensor(call.args[0]), slope])
+
+
+@_converts("relax.nn.softplus")
+def _softplus(g, call):
+    """log(1 + exp(beta x)) / beta, or x where beta x > threshold (ONNX's Softplus has no beta)."""
+    x, dtype, a = g.tensor(call.args[0]), _dtype(call.ty), call.attrs
+    scaled = g.op("Mul", [x, g.scalar(float(a.beta), dtype)])
+    soft = g.op("Div", [g.op("Softplus", [scaled]), g.scalar(float(a.beta), dtype)])
+    return g.op("Where", [g.op("Greater", [scaled, g.scalar(float(a.threshold), dtype)]), x, soft])
 
 
 @_converts("relax.clip")
@@ -289,7 +371,7 @@ def _conv(g, call):
     )  # fmt: skip
 
 
-@_converts("relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose")
+@_converts("relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose", "relax.nn.conv3d_transpose")
 def _conv_transpose(g, call):
     _require_float(call)
     a, weight = call.attrs, call.args[1]
@@ -332,12 +414,16 @@ def _pool(g, call):
     if call.op.name.startswith("relax.nn.max"):
         return g.op("MaxPool", [x], kernel_shape=kernel, strides=strides, pads=pads, dilations=dilation)
     _require(set(dilation) == {1}, call, "dilation (AveragePool has none before opset 19)")
-    # Extra end padding for a ceil-mode window would be counted as zeros.
-    _require(not (a.ceil_mode and a.count_include_pad), call, "ceil_mode with count_include_pad")
-    return g.op(
-        "AveragePool", [x], kernel_shape=kernel, strides=strides, pads=pads,
-        count_include_pad=int(bool(a.count_include_pad)),
-    )  # fmt: skip
+    count_pad = int(bool(a.count_include_pad))
+    if a.ceil_mode and a.count_include_pad:
+        # TVM (as torch) counts Relax's padding but not a ceil-mode window's overhang, which
+        # AveragePool would count as zeros: the padding becomes a Pad, and only it counts.
+        rank, explicit = len(kernel), _ints(a.padding)
+        if any(explicit):
+            x = g.op("Pad", [x, g.ints([0, 0] + explicit[:rank] + [0, 0] + explicit[rank:])])
+        pads = [0] * rank + [p - e for p, e in zip(pads[rank:], explicit[rank:])]
+        count_pad = 0
+    return g.op("AveragePool", [x], kernel_shape=kernel, strides=strides, pads=pads, count_include_pad=count_pad)
 
 
 @_converts("relax.nn.adaptive_avg_pool1d", "relax.nn.adaptive_avg_pool2d", "relax.nn.adaptive_avg_pool3d")
@@ -377,6 +463,63 @@ def _layer_norm(g, call):
     return g.op("LayerNormalization", inputs, axis=axes[0], epsilon=float(a.epsilon))
 
 
+def _trailing_axes(call: relax.Call) -> list[int]:
+    """The normalized axes, which must be the trailing ones (ONNX's layer norms' only kind)."""
+    rank = len(_shape(call.args[0].ty))
+    axes = sorted(axis % rank for axis in _ints(call.attrs.axes))
+    _require(axes == list(range(axes[0], rank)), call, f"axes {_ints(call.attrs.axes)} (not the trailing axes)")
+    return axes
+
+
+@_converts("relax.nn.rms_norm")
+def _rms_norm(g, call):
+    """x / sqrt(mean(x^2) + epsilon) * weight: opset 17 has no RMSNormalization."""
+    _require_float(call)
+    x, weight, dtype = g.tensor(call.args[0]), g.tensor(call.args[1]), _dtype(call.ty)
+    mean_square = g.op("ReduceMean", [g.op("Mul", [x, x])], axes=_trailing_axes(call), keepdims=1)
+    rms = g.op("Sqrt", [g.op("Add", [mean_square, g.scalar(float(call.attrs.epsilon), dtype)])])
+    return g.op("Mul", [g.op("Div", [x, rms]), weight])
+
+
+def _spatial_norm_axes(call: relax.Call) -> None:
+    """InstanceNormalization's layout: channel axis 1, normalizing every axis after it."""
+    a, shape = call.attrs, _shape(call.args[0].ty)
+    rank = len(shape)
+    axes = {axis % rank for axis in _ints(a.axes)}
+    if shape[0] == 1:
+        axes.discard(0)  # over a batch of one, as the torch frontend's instance norm writes
+    _require(int(a.channel_axis) % rank == 1, call, f"channel_axis {a.channel_axis}")
+    _require(axes == set(range(2, rank)), call, f"axes {_ints(a.axes)} (not those after the channel axis)")
+    # TVM's legalization applies gamma and beta whatever the flags say.
+    _require(a.center and a.scale, call, "center=False or scale=False")
+
+
+@_converts("relax.nn.instance_norm")
+def _instance_norm(g, call):
+    _require_float(call)
+    _spatial_norm_axes(call)
+    inputs = [g.tensor(arg) for arg in call.args]
+    return g.op("InstanceNormalization", inputs, epsilon=float(call.attrs.epsilon))
+
+
+@_converts("relax.nn.group_norm")
+def _group_norm(g, call):
+    """Channels in groups: an instance norm of (N, groups, rest), then the per-channel affine.
+
+    Opset 17 has no GroupNormalization (18 has one, with per-group scale and bias).
+    """
+    _require_float(call)
+    _spatial_norm_axes(call)
+    shape, dtype, groups = _shape(call.args[0].ty), _dtype(call.ty), int(call.attrs.num_groups)
+    grouped = g.op("Reshape", [g.tensor(call.args[0]), g.ints([shape[0], groups, -1])])
+    ones, zeros = g.initializer(np.ones(groups, dtype)), g.initializer(np.zeros(groups, dtype))
+    normed = g.op("InstanceNormalization", [grouped, ones, zeros], epsilon=float(call.attrs.epsilon))
+    normed = g.op("Reshape", [normed, g.ints(shape)])
+    per_channel = g.ints([-1] + [1] * (len(shape) - 2))
+    gamma, beta = (g.op("Reshape", [g.tensor(arg), per_channel]) for arg in call.args[1:3])
+    return g.op("Add", [g.op("Mul", [normed, gamma]), beta])
+
+
 @_converts("relax.nn.softmax")
 def _softmax(g, call):
     return g.op("Softmax", [g.tensor(call.args[0])], axis=int(call.attrs.axis))
@@ -409,7 +552,68 @@ CONVERTERS["relax.min"] = _reduction("ReduceMin", axes_as_input=False)
 CONVERTERS["relax.prod"] = _reduction("ReduceProd", axes_as_input=False)
 
 
-@_converts("relax.reshape", "relax.flatten", "relax.expand_dims", "relax.squeeze")
+@_converts("relax.variance", "relax.std")
+def _variance(g, call):
+    """mean((x - mean x)^2), the population variance, as TVM's; std is its square root."""
+    _require_float(call)
+    a, x = call.attrs, g.tensor(call.args[0])
+    axes = {} if a.axis is None else {"axes": _ints(a.axis)}
+    centred = g.op("Sub", [x, g.op("ReduceMean", [x], keepdims=1, **axes)])
+    variance = g.op("ReduceMean", [g.op("Mul", [centred, centred])], keepdims=int(bool(a.keepdims)), **axes)
+    return g.op("Sqrt", [variance]) if call.op.name == "relax.std" else variance
+
+
+def _cast(g: _Graph, name: str, from_dtype: str, to_dtype: str) -> str:
+    return name if from_dtype == to_dtype else g.op("Cast", [name], to=_onnx_type(to_dtype))
+
+
+@_converts("relax.argmax", "relax.argmin")
+def _arg_reduction(g, call):
+    a, x = call.attrs, g.tensor(call.args[0])
+    onnx_op = "ArgMax" if call.op.name == "relax.argmax" else "ArgMin"
+    if a.axis is None:  # the index in the flattened tensor
+        flat = g.op(onnx_op, [g.op("Reshape", [x, g.ints([-1])])], axis=0, keepdims=0)
+        index = g.op("Reshape", [flat, g.ints(_shape(call.ty))])
+    else:
+        index = g.op(onnx_op, [x], axis=int(a.axis), keepdims=int(bool(a.keepdims)))
+    return _cast(g, index, "int64", _dtype(call.ty))
+
+
+@_converts("relax.cumsum")
+def _cumsum(g, call):
+    a, dtype = call.attrs, _dtype(call.ty)
+    # CumSum is defined for 32- and 64-bit numbers and float16 only.
+    _require(dtype in ("int32", "int64", "float16", "float32", "float64"), call, f"dtype {dtype}")
+    (x,) = _inputs_as_result_dtype(g, call, 1)
+    axis = 0 if a.axis is None else int(a.axis)
+    if a.axis is None:  # over the flattened tensor
+        x = g.op("Reshape", [x, g.ints([-1])])
+    return g.op("CumSum", [x, g.scalar(axis, "int64")], exclusive=int(bool(a.exclusive)))
+
+
+@_converts("relax.topk")
+def _topk(g, call):
+    a = call.attrs
+    values, indices = g.op(
+        "TopK", [g.tensor(call.args[0]), g.ints([a.k])], outputs=2, axis=int(a.axis), largest=int(bool(a.largest)),
+    )  # fmt: skip
+    indices = _cast(g, indices, "int64", str(a.dtype))
+    return {"both": [values, indices], "values": values, "indices": indices}[str(a.ret_type)]
+
+
+@_converts("relax.sort", "relax.argsort")
+def _sort(g, call):
+    """A TopK of the whole axis (ties keep their order: TopK puts the lower index first)."""
+    a = call.attrs
+    axis = int(a.axis)
+    size = _shape(call.args[0].ty)[axis]
+    values, indices = g.op(
+        "TopK", [g.tensor(call.args[0]), g.ints([size])], outputs=2, axis=axis, largest=int(bool(a.descending)),
+    )  # fmt: skip
+    return values if call.op.name == "relax.sort" else _cast(g, indices, "int64", _dtype(call.ty))
+
+
+@_converts("relax.reshape", "relax.flatten", "relax.expand_dims", "relax.squeeze", "relax.nn.batch_flatten")
 def _reshape_to_result(g, call):
     """Shapes are static, so each of these is a Reshape to the result's shape."""
     return g.op("Reshape", [g.tensor(call.args[0]), g.ints(_shape(call.ty))])
@@ -460,6 +664,192 @@ def _take(g, call):
 @_converts("relax.gather_elements")
 def _gather_elements(g, call):
     return g.op("GatherElements", [g.tensor(call.args[0]), g.tensor(call.args[1])], axis=int(call.attrs.axis))
+
+
+@_converts("relax.gather_nd")
+def _gather_nd(g, call):
+    """Relax's indices are int64 and index the leading axes by their last axis, as ONNX's."""
+    x, indices = (g.tensor(arg) for arg in call.args)
+    return g.op("GatherND", [x, indices], batch_dims=int(call.attrs.batch_dims))
+
+
+@_converts("relax.index_tensor")
+def _index_tensor(g, call):
+    """x[i0, i1, ...]: the broadcast index tensors stacked on a last axis, one GatherND."""
+    index_types = _flat_types(call.args[1].ty)
+    batch = tuple(np.broadcast_shapes(*(_shape(ty) for ty in index_types)))
+    columns = []
+    for name, ty in zip(g.tensors(call.args[1]), index_types):
+        name = _cast(g, name, _dtype(ty), "int64")  # GatherND reads int64 indices only
+        columns.append(g.op("Reshape", [g.op("Expand", [name, g.ints(batch)]), g.ints(batch + (1,))]))
+    indices = columns[0] if len(columns) == 1 else g.op("Concat", columns, axis=-1)
+    return g.op("GatherND", [g.tensor(call.args[0]), indices])
+
+
+_SCATTER_REDUCTIONS = {"update": "none", "add": "add", "mul": "mul"}
+
+
+@_converts("relax.scatter_elements")
+def _scatter_elements(g, call):
+    a = call.attrs
+    # Reductions max and min came in opset 18; there is no mean.
+    _require(a.reduction in _SCATTER_REDUCTIONS, call, f"reduction {a.reduction!r}")
+    return g.op(
+        "ScatterElements", [g.tensor(arg) for arg in call.args], axis=int(a.axis),
+        reduction=_SCATTER_REDUCTIONS[a.reduction],
+    )  # fmt: skip
+
+
+@_converts("relax.slice_scatter")
+def _slice_scatter(g, call):
+    """``src`` in place of data[start:end] along the axis: a Concat of it and data's ends."""
+    data, src = call.args[:2]
+    start, end, step = (int(_number(arg)) for arg in call.args[2:5])
+    _require(step == 1, call, f"step {step}")
+    axis = int(call.attrs.axis) % len(_shape(data.ty))
+    size = _shape(data.ty)[axis]
+    start, end, _ = slice(start, end).indices(size)
+    x, parts = g.tensor(data), [g.tensor(src)]
+    if start > 0:
+        parts.insert(0, g.op("Slice", [x, g.ints([0]), g.ints([start]), g.ints([axis])]))
+    if end < size:
+        parts.append(g.op("Slice", [x, g.ints([end]), g.ints([size]), g.ints([axis])]))
+    return parts[0] if len(parts) == 1 else g.op("Concat", parts, axis=axis)
+
+
+@_converts("relax.flip")
+def _flip(g, call):
+    axis = g.ints([int(call.attrs.axis)])
+    return g.op("Slice", [g.tensor(call.args[0]), g.ints([-1]), g.ints([-(2**63)]), axis, g.ints([-1])])
+
+
+@_converts("relax.tile")
+def _tile(g, call):
+    shape, out_shape = _shape(call.args[0].ty), _shape(call.ty)
+    repeats = _ints(call.attrs.repeats)
+    repeats = [1] * (len(out_shape) - len(repeats)) + repeats
+    x = g.tensor(call.args[0])
+    if len(shape) < len(out_shape):  # as numpy's tile, the data gains leading axes of 1
+        x = g.op("Reshape", [x, g.ints((1,) * (len(out_shape) - len(shape)) + shape)])
+    return g.op("Tile", [x, g.ints(repeats)])
+
+
+@_converts("relax.repeat")
+def _repeat(g, call):
+    """Each element ``repeats`` times along the axis: expanded over a new axis after it."""
+    a, x, shape = call.attrs, g.tensor(call.args[0]), _shape(call.args[0].ty)
+    axis = 0 if a.axis is None else int(a.axis) % len(shape)
+    if a.axis is None:  # over the flattened tensor
+        shape = (int(np.prod(shape)),)
+        x = g.op("Reshape", [x, g.ints(shape)])
+    before, after = shape[: axis + 1], shape[axis + 1 :]
+    x = g.op("Reshape", [x, g.ints(before + (1,) + after)])
+    x = g.op("Expand", [x, g.ints(before + (int(a.repeats),) + after)])
+    return g.op("Reshape", [x, g.ints(_shape(call.ty))])
+
+
+@_converts("relax.stack")
+def _stack(g, call):
+    axis = int(call.attrs.axis) % len(_shape(call.ty))
+    fields = [g.op("Unsqueeze", [name, g.ints([axis])]) for name in g.tensors(call.args[0])]
+    return g.op("Concat", fields, axis=axis)
+
+
+@_converts("relax.tril", "relax.triu")
+def _trilu(g, call):
+    k = g.scalar(int(_number(call.args[1])), "int64")
+    return g.op("Trilu", [g.tensor(call.args[0]), k], upper=int(call.op.name == "relax.triu"))
+
+
+@_converts("relax.einsum")
+def _einsum(g, call):
+    return g.op("Einsum", g.tensors(call.args[0]), equation=str(call.attrs.subscripts))
+
+
+@_converts("relax.one_hot")
+def _one_hot(g, call):
+    """Where(index == class, on, off): an index out of range gives all off, as in TVM (ONNX's
+    OneHot would count a negative index from the end)."""
+    a, dtype, indices = call.attrs, _dtype(call.ty), call.args[0]
+    rank = len(_shape(indices.ty))
+    axis = int(a.axis) % (rank + 1)
+    classes = np.arange(int(a.depth), dtype=_dtype(indices.ty)).reshape((-1,) + (1,) * (rank - axis))
+    hit = g.op("Equal", [g.op("Unsqueeze", [g.tensor(indices), g.ints([axis])]), g.initializer(classes, "classes")])
+    on, off = (g.scalar(_number(arg), dtype) for arg in call.args[1:3])
+    return g.op("Where", [hit, on, off])
+
+
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+
+
+@_converts("relax.nn.pad")
+def _pad(g, call):
+    a = call.attrs
+    # ONNX Pad's wrap mode (Relax's circular) came in opset 19.
+    _require(str(a.pad_mode) in _PAD_MODES, call, f"pad_mode {a.pad_mode!r}")
+    widths = _ints(a.pad_width)  # before and after, axis by axis
+    _require(min(widths) >= 0, call, f"negative pad_width {widths}")
+    inputs = [g.tensor(call.args[0]), g.ints(widths[::2] + widths[1::2])]
+    if a.pad_mode == "constant":
+        inputs.append(g.scalar(float(a.pad_value), _dtype(call.ty)))
+    return g.op("Pad", inputs, mode=_PAD_MODES[str(a.pad_mode)])
+
+
+_RESIZE_COORDINATES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+
+
+def _resize_nearest_mode(call: relax.Call, in_size, out_size) -> str:
+    """ONNX's nearest_mode for TVM's rounding, checked on every source coordinate.
+
+    A coordinate halfway between two pixels must be exact in float (in TVM and ONNX alike).
+    TVM's "round" rounds it half to even, which no nearest_mode does: it is taken where all
+    ties round the same way. TVM's floor and ceil are nudged by 1e-5 where ONNX's are not,
+    so floor is taken only where TVM divides integers instead.
+    """
+    a = call.attrs
+    mode, rounding = str(a.coordinate_transformation_mode), str(a.rounding_method)
+    rounding = rounding or ("round" if mode == "align_corners" else "floor")  # TVM's defaults
+    if rounding == "floor" and mode == "asymmetric" and all(o % i == 0 for i, o in zip(in_size, out_size)):
+        return "floor"
+    rounds = ("round", "round_prefer_floor", "round_prefer_ceil")
+    _require(rounding in rounds, call, f"rounding_method {rounding!r} (TVM nudges it by 1e-5)")
+    ties = set()
+    for i, o in zip(in_size, out_size):
+        scale = Fraction(i - 1, max(o - 1, 1)) if mode == "align_corners" else Fraction(i, o)
+        # TVM's float coordinates are exact only for a binary fraction of a scale.
+        exact = scale.denominator & (scale.denominator - 1) == 0
+        for x in range(o):
+            if mode == "pytorch_half_pixel" and o == 1:
+                coordinate = Fraction(0)
+            elif mode in ("align_corners", "asymmetric"):
+                coordinate = x * scale
+            else:
+                coordinate = (x + Fraction(1, 2)) * scale - Fraction(1, 2)
+            if coordinate.denominator == 2:
+                _require(exact, call, f"a rounding tie in a {i} to {o} resize")
+                ties.add(round(coordinate) > coordinate)
+    if rounding != "round":
+        return rounding
+    _require(len(ties) < 2, call, "rounding ties both ways (TVM rounds half to even)")
+    return "round_prefer_ceil" if ties == {True} else "round_prefer_floor"
+
+
+@_converts("relax.image.resize2d")
+def _resize2d(g, call):
+    a = call.attrs
+    _require(a.layout == "NCHW", call, f"layout {a.layout}")
+    mode = str(a.coordinate_transformation_mode)
+    _require(mode in _RESIZE_COORDINATES, call, f"coordinate_transformation_mode {mode!r}")
+    _require(_dtype(call.ty) == _dtype(call.args[0].ty), call, f"out_dtype {_dtype(call.ty)}")
+    in_shape, out_shape = _shape(call.args[0].ty), _shape(call.ty)
+    attrs = {"coordinate_transformation_mode": mode}
+    if a.method == "nearest_neighbor":
+        attrs.update(mode="nearest", nearest_mode=_resize_nearest_mode(call, in_shape[2:], out_shape[2:]))
+    elif a.method == "cubic":
+        attrs.update(mode="cubic", cubic_coeff_a=float(a.cubic_alpha), exclude_outside=int(a.cubic_exclude))
+    else:
+        attrs.update(mode="linear")
+    return g.op("Resize", [g.tensor(call.args[0]), "", "", g.ints(out_shape)], **attrs)
 
 
 def _filled(value) -> Converter:

@@ -156,6 +156,136 @@ CASES = [
     ("arange", function(lambda: op.arange(0, 16, 3, "int64"))),
     ("arange_float", function(lambda: op.arange(0.5, 4.0, 0.25, "float32"))),
     ("constant_binding", function(lambda x: op.add(x, relax.const(np.arange(4, dtype="float32"))), X)),
+    # elementwise
+    ("logical_xor", function(op.logical_xor, MASK, MASK)),
+    ("trigonometric", function(lambda x: op.add(op.add(op.sin(x), op.cos(x)), op.atan(op.tan(x))), X)),
+    ("inverse_trigonometric", function(lambda x: op.add(op.asin(op.tanh(x)), op.acos(op.tanh(x))), X)),
+    ("hyperbolic", function(lambda x: op.add(op.sinh(x), op.cosh(x)), X)),
+    ("inverse_hyperbolic", function(
+        lambda x: op.add(op.add(op.asinh(x), op.acosh(op.add(positive(x), relax.const(1.0)))), op.atanh(op.tanh(x))),
+        X)),
+    ("sign", function(op.sign, X)),
+    ("round", function(lambda x: op.round(op.multiply(x, relax.const(2.0))), X)),
+    ("round_ties", function(lambda: op.round(relax.const(np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5], "float32"))))),
+    ("trunc", function(lambda x: op.trunc(op.multiply(x, relax.const(3.0))), X)),
+    ("square", function(op.square, X)),
+    ("isnan", function(lambda x: op.isnan(op.log(x)), X)),
+    ("isinf", function(lambda x: op.isinf(op.exp(op.multiply(x, relax.const(100.0)))), X)),
+    ("isfinite", function(lambda x: op.isfinite(op.log(x)), X)),
+    ("bitwise_bool", function(
+        lambda a, b: op.bitwise_not(op.bitwise_xor(op.bitwise_or(op.bitwise_and(a, b), b), a)), MASK, MASK)),
+    ("mod_int", function(lambda a: op.mod(op.subtract(a, relax.const(4, "int64")), relax.const(3, "int64")), IDS)),
+    ("mod_float", function(lambda x: op.mod(op.multiply(x, relax.const(3.0)), relax.const(0.7)), X)),
+    ("floor_mod_int", function(
+        lambda a: op.floor_mod(op.subtract(a, relax.const(4, "int64")), relax.const(-3, "int64")), IDS)),
+    ("floor_mod_float", function(lambda x: op.floor_mod(op.multiply(x, relax.const(3.0)), relax.const(0.7)), X)),
+    ("floor_divide_int", function(
+        lambda a: op.floor_divide(op.subtract(a, relax.const(4, "int64")), relax.const(3, "int64")), IDS)),
+    ("floor_divide_float", function(lambda x, y: op.floor_divide(x, positive(y)), X, X)),
+    ("leakyrelu", function(lambda x: nn.leakyrelu(x, 0.1), X)),
+    ("prelu", function(lambda x, a: nn.prelu(x, a), IMG, t(4))),
+    ("prelu_last_axis", function(lambda x, a: nn.prelu(x, a, axis=2), X, t(4))),
+    ("selu", function(nn.selu, X)),
+    ("softplus", function(nn.softplus, X)),
+    ("softplus_beta_threshold", function(lambda x: nn.softplus(x, beta=2.0, threshold=1.0), X)),
+    # normalization and statistics
+    ("rms_norm", function(lambda x, w: nn.rms_norm(x, w, axes=-1, epsilon=1e-6), X, t(4))),
+    ("instance_norm", function(lambda x, g, b: nn.instance_norm(x, g, b, channel_axis=1, axes=[2, 3]), t(2, 4, 8, 8),
+                               t(4), t(4))),
+    ("instance_norm_torch", function(  # torch's frontend includes the batch axis, of 1
+        lambda x, g, b: nn.instance_norm(x, g, b, channel_axis=1, axes=[0, 2, 3], epsilon=1e-3), IMG, t(4), t(4))),
+    ("group_norm", function(
+        lambda x, g, b: nn.group_norm(x, g, b, num_groups=2, channel_axis=1, axes=[2, 3]), t(2, 8, 5, 5), t(8), t(8))),
+    ("group_norm_1d", function(
+        lambda x, g, b: nn.group_norm(x, g, b, num_groups=4, channel_axis=1, axes=[2], epsilon=1e-3), t(2, 8, 6),
+        t(8), t(8))),
+    ("variance", function(lambda x: op.variance(x, axis=[-1], keepdims=True), X)),
+    ("variance_all", function(op.variance, X)),
+    ("std", function(lambda x: op.std(x, axis=[0, 2]), X)),
+    ("argmax", function(lambda x: op.argmax(x, axis=-1), X)),
+    ("argmax_all", function(op.argmax, X)),
+    ("argmin", function(lambda x: op.argmin(x, axis=1, keepdims=True), X)),
+    ("argmin_all_keepdims", function(lambda x: op.argmin(x, keepdims=True), X)),
+    ("cumsum", function(lambda x: op.cumsum(x, axis=1), X)),
+    ("cumsum_exclusive_int", function(lambda a: op.cumsum(a, axis=-1, exclusive=True), IDS)),
+    ("cumsum_flat_cast", function(lambda a: op.cumsum(a, dtype="float32"), IDS)),
+    ("topk", function(lambda x: op.topk(x, 2, axis=1, dtype="int64"), X)),
+    ("topk_values_smallest", function(lambda x: op.topk(x, 3, ret_type="values", largest=False), X)),
+    ("topk_indices", function(lambda x: op.topk(x, 2, axis=0, ret_type="indices"), X)),
+    ("sort", function(lambda x: op.sort(x, axis=1), X)),
+    ("sort_descending", function(lambda x: op.sort(x, descending=True), X)),
+    ("argsort", function(lambda x: op.argsort(x, axis=0, descending=True), X)),
+    ("argsort_int64", function(lambda x: op.argsort(x, dtype="int64"), X)),
+    # pooling with ceil_mode, counting the padding
+    ("avg_pool2d_ceil_count_pad", function(  # torch's AvgPool2d(3, 2, ceil_mode=True) on 7x7
+        lambda x: nn.avg_pool2d(x, 3, 2, ceil_mode=True, count_include_pad=True), t(1, 2, 7, 7))),
+    ("avg_pool2d_ceil_count_pad_overhang", function(
+        lambda x: nn.avg_pool2d(x, 3, 2, ceil_mode=True, count_include_pad=True), t(1, 2, 8, 8))),
+    ("avg_pool2d_ceil_count_pad_padded", function(
+        lambda x: nn.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True, count_include_pad=True), t(1, 2, 8, 8))),
+    ("avg_pool2d_ceil_huge_window", function(  # EfficientNet's AvgPool2d(640, ceil_mode=True) on 3x3
+        lambda x: nn.avg_pool2d(x, 640, 640, ceil_mode=True, count_include_pad=True), t(1, 4, 3, 3))),
+    ("avg_pool1d_ceil_count_pad", function(
+        lambda x: nn.avg_pool1d(x, 4, 3, padding=1, ceil_mode=True, count_include_pad=True), t(1, 2, 9))),
+    ("conv3d_transpose", function(lambda x, w: nn.conv3d_transpose(x, w, strides=2, padding=1), t(1, 2, 3, 4, 4),
+                                  t(2, 3, 3, 3, 3))),
+    # indexing and layout
+    ("gather_nd", function(lambda x, i: op.gather_nd(x, i), t(8, 8, 4), t(5, 2, dtype="int64"))),
+    ("gather_nd_batch", function(lambda x, i: op.gather_nd(x, i, batch_dims=1), t(2, 8, 4), t(2, 3, 1, dtype="int64"))),
+    ("index_tensor", function(lambda x, i: op.index_tensor(x, [i]), t(8, 4), IDS)),
+    ("index_tensor_broadcast", function(
+        lambda x, i, j: op.index_tensor(x, [i, j]), t(8, 8, 3), t(2, 1, dtype="int32"), t(3, dtype="int64"))),
+    ("scatter_elements", function(
+        lambda x, u: op.scatter_elements(x, relax.const(np.array([[2, 0, 1], [1, 2, 0]], "int64")), u, axis=1),
+        t(2, 3), t(2, 3))),
+    ("scatter_elements_add", function(lambda x, i, u: op.scatter_elements(x, i, u, axis=0, reduction="add"),
+                                      t(8, 3), IDS, t(2, 3))),
+    ("slice_scatter", function(lambda x, s: op.slice_scatter(x, s, 1, 3, 1, axis=2), X, t(2, 3, 2))),
+    ("slice_scatter_start", function(lambda x, s: op.slice_scatter(x, s, 0, 1, 1, axis=0), X, t(1, 3, 4))),
+    ("flip", function(lambda x: op.flip(x, 1), X)),
+    ("tile", function(lambda x: op.tile(x, [2, 1, 3]), X)),
+    ("tile_more_axes", function(lambda x: op.tile(x, [2, 1, 1, 2]), X)),
+    ("repeat", function(lambda x: op.repeat(x, 2, axis=1), X)),
+    ("repeat_flat", function(lambda x: op.repeat(x, 3), X)),
+    ("stack", function(lambda x, y: op.stack([x, y], axis=1), X, X)),
+    ("stack_last", function(lambda x, y: op.stack([x, y], axis=-1), X, X)),
+    ("batch_flatten", function(nn.batch_flatten, IMG)),
+    ("tril", function(lambda x: op.tril(x, 1), X)),
+    ("triu", function(lambda x: op.triu(x, -1), t(5, 5))),
+    ("einsum", function(lambda x, y: op.einsum([x, y], "bij,bkj->bik"), X, X)),
+    ("one_hot", function(lambda a: op.one_hot(a, 1.0, 0.0, 6), IDS)),
+    ("one_hot_axis0_int", function(lambda a: op.one_hot(op.subtract(a, relax.const(1, "int64")), 5, -1, 8, axis=0),
+                                   IDS)),
+    ("pad_constant", function(lambda x: nn.pad(x, [0, 0, 0, 0, 0, 1, 1, 2], pad_value=0.5), IMG)),
+    ("pad_int", function(lambda a: nn.pad(a, [1, 0, 2, 2], pad_value=7), IDS)),
+    ("pad_reflect", function(lambda x: nn.pad(x, [0, 0, 0, 0, 2, 1, 1, 3], pad_mode="reflect"), IMG)),
+    ("pad_replicate", function(lambda x: nn.pad(x, [0, 0, 1, 0, 0, 2], pad_mode="replicate"), X)),
+    ("resize_nearest", function(  # torch's interpolate(scale_factor=2, mode="nearest")
+        lambda x: relax.op.image.resize2d(x, (16, 16), method="nearest_neighbor", rounding_method="round"), IMG)),
+    ("resize_nearest_half", function(  # ties x.5 round down to even
+        lambda x: relax.op.image.resize2d(x, (4, 4), method="nearest_neighbor", rounding_method="round"), IMG)),
+    ("resize_nearest_quarter", function(  # ties x.5 round up to even
+        lambda x: relax.op.image.resize2d(x, (2, 2), method="nearest_neighbor", rounding_method="round"), IMG)),
+    ("resize_nearest_prefer_ceil", function(
+        lambda x: relax.op.image.resize2d(x, (4, 2), method="nearest_neighbor", rounding_method="round_prefer_ceil"),
+        IMG)),
+    ("resize_nearest_asymmetric_floor", function(
+        lambda x: relax.op.image.resize2d(x, (16, 24), method="nearest_neighbor",
+                                          coordinate_transformation_mode="asymmetric", rounding_method="floor"), IMG)),
+    ("resize_nearest_align_corners", function(
+        lambda x: relax.op.image.resize2d(x, (22, 5), method="nearest_neighbor",
+                                          coordinate_transformation_mode="align_corners"), IMG)),
+    ("resize_linear", function(lambda x: relax.op.image.resize2d(x, (16, 12)), IMG)),
+    ("resize_linear_down", function(
+        lambda x: relax.op.image.resize2d(x, (3, 5), coordinate_transformation_mode="pytorch_half_pixel"), IMG)),
+    ("resize_linear_align_corners", function(
+        lambda x: relax.op.image.resize2d(x, (10, 12), coordinate_transformation_mode="align_corners"), IMG)),
+    ("resize_cubic", function(lambda x: relax.op.image.resize2d(x, (16, 12), method="cubic"), IMG)),
+    ("resize_cubic_align_corners_exclude", function(
+        lambda x: relax.op.image.resize2d(x, (5, 3), method="cubic", coordinate_transformation_mode="align_corners",
+                                          cubic_alpha=-0.5, cubic_exclude=1), IMG)),
+    ("resize_linear_asymmetric", function(
+        lambda x: relax.op.image.resize2d(x, (12, 20), coordinate_transformation_mode="asymmetric"), IMG)),
 ]
 # fmt: on
 
@@ -196,9 +326,9 @@ def only_node(func):
 
 
 def test_unknown_operator_is_named():
-    func = function(lambda x: op.cumsum(x, axis=1), X)
-    assert supports(*only_node(func)) == "operator relax.cumsum has no ONNX conversion"
-    with pytest.raises(Unsupported, match="relax.cumsum"):
+    func = function(lambda x: op.cumprod(x, axis=1), X)
+    assert supports(*only_node(func)) == "operator relax.cumprod has no ONNX conversion"
+    with pytest.raises(Unsupported, match="relax.cumprod"):
         to_onnx(func)
 
 
@@ -222,8 +352,26 @@ def test_unsupported_dtype_is_named():
          "relax.nn.batch_norm: training mode is not supported"),
         (lambda x, g, b: nn.layer_norm(x, g, b, axes=-1, center=False), (X, t(4), t(4)),
          "relax.nn.layer_norm: center=False or scale=False is not supported"),
+        (lambda x: nn.pad(x, [0, 0, 1, 1, 2, 2], pad_mode="circular"), (X,),
+         "relax.nn.pad: pad_mode 'circular' is not supported"),
+        (lambda a, b: op.bitwise_and(a, b), (IDS, IDS),
+         "relax.bitwise_and: dtype int64 (opset 17 has bitwise operators for booleans only)"),
+        (lambda x: relax.op.image.resize2d(x, (16, 16), coordinate_transformation_mode="tf_crop_and_resize"), (IMG,),
+         "relax.image.resize2d: coordinate_transformation_mode 'tf_crop_and_resize'"),
+        (lambda x: relax.op.image.resize2d(x, (12, 12), method="nearest_neighbor", rounding_method="floor"), (IMG,),
+         "relax.image.resize2d: rounding_method 'floor' (TVM nudges it by 1e-5)"),
+        (lambda x: relax.op.image.resize2d(x, (4, 2), method="nearest_neighbor"), (IMG,),
+         "relax.image.resize2d: rounding ties both ways"),
+        (lambda x, i, u: op.scatter_elements(x, i, u, reduction="max"), (t(8, 3), IDS, t(2, 3)),
+         "relax.scatter_elements: reduction 'max'"),
+        (lambda x, s: op.slice_scatter(x, s, 0, 4, 2, axis=2), (X, t(2, 3, 2)),
+         "relax.slice_scatter: step 2"),
+        (lambda x, g, b: nn.group_norm(x, g, b, 2, channel_axis=-1, axes=[1, 2]), (t(1, 5, 5, 8), t(8), t(8)),
+         "relax.nn.group_norm: channel_axis -1"),
     ],
-    ids=["conv2d_nhwc", "take_clip", "adaptive_pool_uneven", "batch_norm_training", "layer_norm_without_beta"],
+    ids=["conv2d_nhwc", "take_clip", "adaptive_pool_uneven", "batch_norm_training", "layer_norm_without_beta",
+         "pad_circular", "bitwise_and_int", "resize_crop", "resize_floor", "resize_ties_both_ways", "scatter_max",
+         "slice_scatter_step", "group_norm_nhwc"],
 )  # fmt: skip
 def test_unsupported_attribute_is_named(make, types, reason):
     assert supports(*only_node(function(make, *types))).startswith(reason)
