@@ -546,10 +546,25 @@ def _reduction(onnx_op: str, axes_as_input: bool) -> Converter:
 
 
 CONVERTERS["relax.sum"] = _reduction("ReduceSum", axes_as_input=True)
-CONVERTERS["relax.mean"] = _reduction("ReduceMean", axes_as_input=False)
 CONVERTERS["relax.max"] = _reduction("ReduceMax", axes_as_input=False)
 CONVERTERS["relax.min"] = _reduction("ReduceMin", axes_as_input=False)
 CONVERTERS["relax.prod"] = _reduction("ReduceProd", axes_as_input=False)
+
+
+_reduce_mean = _reduction("ReduceMean", axes_as_input=False)
+
+
+@_converts("relax.mean")
+def _mean(g, call):
+    """A mean over every spatial axis of an N, C, ... tensor is a GlobalAveragePool: ONNX
+    Runtime runs that on its blocked (NCHWc) layout, ReduceMean only after reordering back
+    (the DS-CNN keyword spotter ran 0.040 ms converted with ReduceMean, 0.029 from its file)."""
+    rank = len(_shape(call.args[0].ty))
+    axes = None if call.attrs.axis is None else sorted(int(a) % rank for a in call.attrs.axis)
+    if rank < 3 or axes != list(range(2, rank)) or not _dtype(call.ty).startswith("float"):
+        return _reduce_mean(g, call)
+    pooled = g.op("GlobalAveragePool", [g.tensor(call.args[0])])
+    return pooled if call.attrs.keepdims else g.op("Reshape", [pooled, g.ints(_shape(call.ty))])
 
 
 @_converts("relax.variance", "relax.std")

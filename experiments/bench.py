@@ -255,11 +255,12 @@ def busy_cores_by_others(before, after) -> float | None:
 def update_results(path: Path, entries: dict[str, dict]) -> dict:
     """Merge new model entries into the JSON file and return its whole content. Peers measured
     now replace their old records; other peers of the same model stay, unless the thread
-    count changed, in which case the old entry is dropped as not comparable."""
+    count or the CPU changed, in which case the old entry is dropped as not comparable."""
     results = json.loads(path.read_text()) if path.exists() else {}
     for name, entry in entries.items():
         old = results.get(name)
-        if old and old["meta"]["threads"] == entry["meta"]["threads"]:
+        same = ("threads", "cpu")
+        if old and all(old["meta"].get(k) == entry["meta"].get(k) for k in same):
             entry = {**entry, "peers": {**old["peers"], **entry["peers"]}}
         results[name] = entry
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,8 @@ run first.
 
 from __future__ import annotations
 
+import math
+
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -171,7 +173,8 @@ def prepare_collage(w: Workload, threads: int) -> Runner:
     inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
 
     info = {
-        "estimated_ms": round(opt.estimated_ms, 4),
+        # An engine running the user's file whole has no estimate (NaN, which JSON cannot hold).
+        "estimated_ms": round(opt.estimated_ms, 4) if math.isfinite(opt.estimated_ms) else None,
         "partitions": len(opt.placement),
         "backend_shares": {b: round(share, 4) for b, share in opt.backend_shares().items()},
         "optimize_s": round(opt.stats["total_s"], 1),

@@ -123,7 +123,9 @@ CASES = [
     ("log_softmax", function(nn.log_softmax, X)),
     ("sum", function(lambda x: op.sum(x, axis=[0, 2]), X)),
     ("sum_all", function(op.sum, X)),
-    ("mean", function(lambda x: op.mean(x, axis=[-1, -2], keepdims=True), IMG)),
+    ("mean", function(lambda x: op.mean(x, axis=[-1, -2], keepdims=True), IMG)),  # GlobalAveragePool
+    ("mean_spatial_dropped", function(lambda x: op.mean(x, axis=[2, 3]), IMG)),  # and a Reshape
+    ("mean_channels", function(lambda x: op.mean(x, axis=[1]), IMG)),  # ReduceMean
     ("max", function(lambda x: op.max(x, axis=1), X)),
     ("min", function(lambda x: op.min(x, axis=0, keepdims=True), X)),
     ("prod", function(lambda x: op.prod(x, axis=2), X)),

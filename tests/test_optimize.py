@@ -266,3 +266,19 @@ def test_graph_level_search_returns_a_correct_module_no_slower_than_op_level(tmp
     assert again.stats["graph_level"]["measured_now"] == 0
     for key in ("engine", "units", "placements", "best_ms", "history_ms"):
         assert again.stats["graph_level"][key] == g[key]
+
+
+def test_a_scalar_input_stays_a_scalar(tmp_path):
+    @I.ir_module
+    class Scalar:
+        @R.function
+        def main(x: R.Tensor((), "float32"), y: R.Tensor((4,), "float32")):
+            with R.dataflow():
+                a = R.add(y, x)
+                b = R.exp(a)
+                R.output(b)
+            return b
+
+    opt = collage.optimize(Scalar, backends=["tvm"], cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
+    y = np.arange(4, dtype="float32")
+    np.testing.assert_allclose(opt(np.float32(0.5), y), np.exp(y + 0.5), rtol=1e-6)

@@ -510,3 +510,45 @@ def test_zoo_model_simplifies_without_changing_its_output(name):
     assert "relax.nn.batch_norm" not in op_histogram(simplified)
     inputs = [t.numpy() for t in workload.inputs]
     _assert_close(_run(simplified, inputs), workload.reference(), ZOO_TOLERANCE)
+
+
+def _onnx_clip_model(low: float, high: float):
+    """A one-node ONNX model ``Clip(x, low, high)`` imported by TVM: call_tir of private
+    maximum/minimum PrimFuncs between isnan/where of the bounds."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm.relax.frontend.onnx import from_onnx
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    bounds = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", low), ("hi", high))]
+    graph = helper.make_graph([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], "clip", [x], [y], bounds)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.checker.check_model(model)
+    return from_onnx(model, keep_params_in_input=False)
+
+
+def test_the_onnx_importers_clip_becomes_one_clip_again():
+    imported = _onnx_clip_model(0.0, 6.0)
+    assert "relax.call_tir" in op_histogram(imported)
+    simplified, report = collage.simplify(imported, report=True)
+    assert dict(op_histogram(simplified)) == {"relax.clip": 1}
+    assert report.applied("te_calls_as_ops") == 2 and report.applied("clip_from_max_min") == 1
+    x = _random(2, 8) * 4
+    _assert_close(_run(simplified, [x]), _run(imported, [x]), 1e-6)
+
+
+def test_a_call_tir_that_is_not_its_namesakes_legalization_stays():
+    from tvm import topi
+
+    x, y = (relax.Var(n, relax.TensorType((4,), "float32")) for n in "xy")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            # Named maximum, computes a sum.
+            out = bb.emit_output(bb.call_te(topi.add, x, y, primfunc_name_hint="maximum"))
+        bb.emit_func_output(out)
+    not_maximum = bb.get()
+    simplified, report = collage.simplify(not_maximum, report=True)
+    assert report.applied("te_calls_as_ops") == 0
+    assert "relax.call_tir" in op_histogram(simplified)

@@ -20,6 +20,7 @@ from tvm.relax import transform
 
 from .batch_norm import BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV
 from .constants import FOLD_ARANGE
+from .idioms import CLIP_FROM_MAX_MIN, TE_CALLS_AS_OPS
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE
 from .ops import binding_count, op_count
 from .transposes import COMPOSE_PERMUTE_DIMS, IDENTITY_PERMUTE_DIMS, MATMUL_OF_TRANSPOSES
@@ -61,8 +62,10 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     # function it changes, which would credit this work to whichever rewrite came first.
     TvmPass("EliminateCommonSubexpr", transform.EliminateCommonSubexpr),
     TvmPass("DeadCodeElimination", transform.DeadCodeElimination),
+    TE_CALLS_AS_OPS,  # before FoldConstant, which then folds what guarded them (Clip's isnan/where)
     FOLD_ARANGE,
     TvmPass("FoldConstant", transform.FoldConstant),  # also pre-transposes constant matmul operands
+    CLIP_FROM_MAX_MIN,
     BATCH_NORM_TO_AFFINE,
     FOLD_SCALE_INTO_CONV,
     ADD_ZERO,

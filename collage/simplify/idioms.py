@@ -1,0 +1,115 @@
+"""Importer idioms lifted back to the operators they hide, so libraries can take them.
+
+- ``te_calls_as_ops``: TVM's ONNX importer builds some operators with ``emit_te``: Clip
+  becomes ``call_tir`` of private ``maximum`` and ``minimum`` PrimFuncs, between
+  ``isnan``/``where`` of its bounds (which FoldConstant then folds). No library can run a
+  ``call_tir``, so every engine lost those ops and the graph around them. The lift is exact:
+  the operator the PrimFunc is named after (``maximum``, ``minimum1``) is legalized on the
+  same argument types, and the call is replaced only when that legalization is structurally
+  the PrimFunc the call runs.
+- ``clip_from_max_min``: ``minimum(maximum(x, lo), hi)`` with scalar constant bounds is
+  ``clip(x, lo, hi)``, which engines fuse into the convolution before it (ReLU6).
+"""
+
+from __future__ import annotations
+
+import re
+
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+from .pattern_rewrite import Matches, PatternRewrite
+
+# Operators whose legalization an importer may have emitted itself (topi's element-wise ops).
+LIFTABLE = (
+    "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "where",
+    "exp", "log", "sqrt", "tanh", "sigmoid", "negative", "abs", "floor", "ceil", "round", "sign",
+    "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
+    "logical_and", "logical_or", "logical_not", "isnan", "isinf",
+)  # fmt: skip
+
+_call_tir = is_op("relax.call_tir")(wildcard(), wildcard())
+
+
+class TeCallsAsOps:
+    """The simplification step (``collage.simplify``) lifting such calls back to operators."""
+
+    name = "te_calls_as_ops"
+
+    def apply(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+        applied = 0
+
+        def lift(call: relax.Call, matches) -> relax.Expr:
+            nonlocal applied
+            op = _operator_for(mod, call)
+            if op is None:
+                return call
+            applied += 1
+            return op(*call.args[1].fields)
+
+        rewritten = mod.clone()
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewritten[gvar] = rewrite_call(_call_tir, lift, func)
+        return (rewritten, applied) if applied else (mod, 0)
+
+
+def _operator_for(mod: tvm.IRModule, call: relax.Call):
+    """The Relax operator ``call`` (a call_tir) computes, or None when it is not one of ours."""
+    callee, args = call.args[0], call.args[1]
+    if len(call.args) != 2 or not isinstance(callee, relax.GlobalVar) or not isinstance(args, relax.Tuple):
+        return None
+    base = re.sub(r"_?\d+$", "", callee.name_hint)
+    if base not in LIFTABLE:
+        return None
+    op = getattr(relax.op, base, None)
+    if op is None:
+        return None
+    try:
+        legalized = _legalized(op, list(args.fields))
+    except Exception:  # noqa: BLE001 -- the operator does not take these arguments: not ours
+        return None
+    return op if tvm_ffi.structural_equal(_bare(legalized), _bare(mod[callee]), map_free_vars=True) else None
+
+
+def _legalized(op, args: list[relax.Expr]):
+    """The PrimFunc TVM's LegalizeOps writes for ``op`` on arguments of ``args``' types."""
+    params = [relax.Var(f"a{k}", a.ty) for k, a in enumerate(args)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(op(*params))
+        bb.emit_func_output(out)
+    legal = relax.transform.LegalizeOps()(bb.get())
+    (prim,) = [f for _, f in legal.functions_items() if not isinstance(f, relax.Function)]
+    return prim
+
+
+def _bare(prim):
+    """A PrimFunc without its attributes (names, the importer's flags), for comparison."""
+    for key in list(prim.attrs.keys()) if prim.attrs else ():
+        prim = prim.without_attr(key)
+    return prim
+
+
+TE_CALLS_AS_OPS = TeCallsAsOps()
+
+
+_x, _lo, _hi = wildcard(), is_const(), is_const()
+_max = is_op("relax.maximum")(_x, _lo)
+_max_min = is_op("relax.minimum")(_max, _hi)
+
+
+def _clip(matches: Matches, single_use: set) -> relax.Expr | None:
+    lo, hi = (matches[c].value.numpy() for c in (_lo, _hi))
+    x = matches[_x]
+    if lo.ndim or hi.ndim or not lo <= hi or matches[_max] not in single_use:
+        return None  # per-element bounds, or the maximum is read elsewhere too
+    if not tvm_ffi.structural_equal(matches[_max_min].ty, x.ty):
+        return None  # the bounds broadcast x: not an element-wise clip
+    return relax.op.clip(x, float(lo), float(hi))
+
+
+CLIP_FROM_MAX_MIN = PatternRewrite("clip_from_max_min", _max_min, _clip)

@@ -1,0 +1,47 @@
+"""What "matches TVM" means (runner.mismatch), and the inputs candidates are checked on."""
+
+import numpy as np
+from tvm import relax
+
+from collage.runner import mismatch, random_inputs
+
+
+# -- what "matches" means --
+
+
+def test_nan_and_infinities_match_position_by_position():
+    reference = np.array([1.0, np.nan, -np.inf, np.inf, 2.0], "float32")
+    assert mismatch([reference.copy()], [reference]) is None
+    shifted = reference.copy()
+    shifted[0] = np.nan  # NaN where the reference is finite
+    assert "exceeds" in mismatch([shifted], [reference])
+    flipped = reference.copy()
+    flipped[2] = np.inf  # the other infinity
+    assert mismatch([flipped], [reference]) == "output 0: 1 value(s) differ where the reference is NaN or infinite"
+    finite = reference.copy()
+    finite[1] = 0.0  # a number where the reference has NaN
+    assert "NaN or infinite" in mismatch([finite], [reference])
+
+
+def _unary(op_name: str, shape=(64,)) -> relax.Function:
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(getattr(relax.op, op_name)(x))
+        bb.emit_func_output(out)
+    return bb.get()["main"]
+
+
+def test_inputs_are_drawn_inside_each_operators_domain():
+    (positive,) = random_inputs(_unary("log"))
+    (unit,) = random_inputs(_unary("asin"))
+    (at_least_one,) = random_inputs(_unary("acosh"))
+    (anything,) = random_inputs(_unary("exp"))
+    assert positive.min() > 0 and np.abs(unit).max() < 1 and at_least_one.min() >= 1
+    assert anything.min() < 0 < anything.max()
+
+
+def test_a_scalar_input_keeps_its_shape():
+    (scalar,) = random_inputs(_unary("exp", shape=()))
+    assert scalar.shape == () and scalar.dtype == np.float32
