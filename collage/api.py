@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
@@ -19,7 +20,7 @@ import tvm
 import tvm_ffi
 
 from .backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet
-from .candidates import REGION_SUFFIX, generate
+from .candidates import PART_SUFFIX, REGION_SUFFIX, generate
 from .checked import assemble_and_check
 from .cost_log import CostLog
 from .end_to_end import EndToEnd, wrong_result
@@ -172,14 +173,20 @@ def optimize(
     if note:
         stats["tie"] = note
     kept = finalists[chosen]
-    stats["warnings"] = dominant_tvm_ops(kept.partitions)
+    partitions, estimated_ms = kept.partitions, kept.estimated_ms
+    if len(partitions) == 1 and not partitions[0].cost.is_valid:
+        # An engine running the user's file: no candidate of it was measured, so its cost is
+        # what it measured here, end to end.
+        partitions = [dataclasses.replace(partitions[0], cost=measured[chosen])]
+        estimated_ms = measured[chosen].median_ms
+    stats["warnings"] = dominant_tvm_ops(partitions)
     stats["total_s"] = time.perf_counter() - started
     return OptimizedModule(
         module=kept.assembly.module,
-        placement=kept.partitions,
+        placement=partitions,
         target=target,
         threads=threads,
-        estimated_ms=kept.estimated_ms,
+        estimated_ms=estimated_ms,
         measured=measured[chosen],
         simplified=report,
         stats=stats,
@@ -208,7 +215,7 @@ def _placements(graph, candidates, costs, usable, graph_level: bool, notes: dict
 
     add(OP_LEVEL_PLACEMENT, place(graph, candidates, costs, costs.transition_ms))
     if graph_level:
-        kernels = [c for c in candidates if not c.pattern.endswith(REGION_SUFFIX)]
+        kernels = [c for c in candidates if not c.pattern.endswith((REGION_SUFFIX, PART_SUFFIX))]
         add(KERNELS_ONLY_PLACEMENT, place(graph, kernels, costs, costs.transition_ms))
     tvm_only = [c for c in candidates if c.backend == REFERENCE_BACKEND]
     alone = {}

@@ -18,6 +18,8 @@ from .pattern import Pattern, PatternRule
 from .subgraph import SubGraph
 
 REGION_SUFFIX = ".region"  # an inference engine's largest-region candidates are named "<backend>.region"
+PART_SUFFIX = ".part"  # "<backend>.part": the first or the last part of such a region, cut at one tensor
+MAX_CUTS = 4  # cut places per region, spread evenly over it
 
 
 @dataclass(frozen=True)
@@ -114,10 +116,39 @@ def regions(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
             yield region
 
 
+def region_parts(region: SubGraph, cuts: int = MAX_CUTS) -> Iterator[SubGraph]:
+    """The first and the last part of ``region`` at up to ``cuts`` places where a single tensor
+    crosses from the one to the other, spread evenly over it.
+
+    With another engine's part on the other side of a cut, a model is split between two
+    engines: engines differ by layer kind (one runs the early, wide convolutions faster, another
+    the late, deep ones), and a single crossing tensor keeps the hand-over cheap.
+    """
+    graph, order = region.graph, sorted(region.nodes)  # node indices are in topological order
+    position = {node: k for k, node in enumerate(order)}
+    last_use = [max((position[c] for c in graph.consumers[node] if c in position), default=k) for k, node in enumerate(order)]
+    ends_at = [0] * len(order)
+    for k, last in enumerate(last_use):
+        ends_at[last] += last > k
+    single, crossing = [], 0  # positions after which exactly one tensor crosses
+    for k, last in enumerate(last_use):
+        crossing += (last > k) - ends_at[k]
+        if crossing == 1 and k < len(order) - 1:
+            single.append(k)
+    if not single:
+        return
+    wanted = {min(single, key=lambda k: abs(k + 1 - len(order) * i / (cuts + 1))) for i in range(1, cuts + 1)}
+    for k in sorted(wanted):
+        for part in (SubGraph(graph, frozenset(order[: k + 1])), SubGraph(graph, frozenset(order[k + 1 :]))):
+            if part.is_convex() and part.has_tensor_boundary():
+                yield part
+
+
 def generate(graph: DataflowGraph, backends: Iterable) -> list[Candidate]:
     """All candidates of ``backends`` (Backend records) on ``graph``, in a stable order:
     pattern matches, groups grown by rules and, for inference engines (graph-level
-    backends), their rules' largest regions (pattern name ``<backend>.region``)."""
+    backends), their rules' largest regions (pattern name ``<backend>.region``) and those
+    regions' parts at single-tensor cuts (``<backend>.part``)."""
     found: dict[tuple[str, str, frozenset[int]], Candidate] = {}
     for backend in backends:
         for pattern in backend.patterns:
@@ -127,7 +158,10 @@ def generate(graph: DataflowGraph, backends: Iterable) -> list[Candidate]:
             for sub in grow_rule(graph, rule):
                 found.setdefault((backend.name, rule.name, sub.nodes), Candidate(sub, backend.name, rule.name))
             if backend.kind == GRAPH_LEVEL:
-                name = f"{backend.name}{REGION_SUFFIX}"
+                name, part_name = f"{backend.name}{REGION_SUFFIX}", f"{backend.name}{PART_SUFFIX}"
                 for sub in regions(graph, rule):
                     found.setdefault((backend.name, name, sub.nodes), Candidate(sub, backend.name, name))
+                    for part in region_parts(sub):
+                        if len(part) > rule.max_size:  # smaller ones are grown by the rule already
+                            found.setdefault((backend.name, part_name, part.nodes), Candidate(part, backend.name, part_name))
     return sorted(found.values(), key=lambda c: (min(c.subgraph.nodes), c.backend, c.pattern, sorted(c.subgraph.nodes)))

@@ -45,7 +45,7 @@ class WithUnknownOp:
         with R.dataflow():
             a = R.matmul(x, w)          # 0
             b = R.nn.relu(a)            # 1
-            c = R.cumsum(b, axis=1)     # 2: no ONNX conversion
+            c = R.cumprod(b, axis=1)    # 2: ONNX has no CumProd
             d = R.nn.relu(c)            # 3
             R.output(d)
         return d
@@ -153,10 +153,10 @@ def test_tensorrt_kernel_binds_device_pointers_by_name(monkeypatch):
 @pytest.mark.parametrize("name, target", CPU_ENGINES)
 def test_unknown_operator_excludes_the_candidate_with_its_reason(name, target):
     backend, func = engine(name), DataflowGraph.from_module(WithUnknownOp).func
-    with pytest.raises(Unsupported, match="relax.cumsum has no ONNX conversion"):
+    with pytest.raises(Unsupported, match="relax.cumprod has no ONNX conversion"):
         backend.compile(func, f"{name}.fused", target)
     reason = runner.check_candidate(backend, func, f"{name}.fused", target)
-    assert reason == "unsupported: operator relax.cumsum has no ONNX conversion"
+    assert reason == "unsupported: operator relax.cumprod has no ONNX conversion"
 
 
 def test_what_onnx_runtime_rejects_is_unsupported():
@@ -186,5 +186,6 @@ def test_kernel_reads_and_writes_the_callers_buffers_on_every_call(name, target)
 def test_candidates_match_tvm(name, target, model, limit):
     backend = runnable(engine(name), target)
     candidates = zoo_candidates(model, backend)
-    assert {c.pattern for c in candidates} == {f"{name}.fused", f"{name}.region"}
+    patterns = {c.pattern for c in candidates}
+    assert {f"{name}.fused", f"{name}.region"} <= patterns <= {f"{name}.fused", f"{name}.region", f"{name}.part"}
     assert failures(backend, sample(candidates, limit), target) == {}

@@ -9,7 +9,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from collage.backend import GRAPH_LEVEL, OP_LEVEL, Backend, BackendSet
-from collage.candidates import generate, grow_rule, match_pattern, regions
+from collage.candidates import generate, grow_rule, match_pattern, region_parts, regions
 from collage.graph import DataflowGraph
 from collage.pattern import Pattern, PatternRule
 from collage.subgraph import SubGraph
@@ -215,6 +215,24 @@ def test_engine_regions_are_the_largest_groups_it_accepts():
     found = {(c.backend, c.pattern, c.subgraph.nodes) for c in generate(g, [engine, library])}
     assert ("engine", "engine.region", S(0, 1, 2)) in found
     assert not any(pattern.endswith(".region") for backend, pattern, _ in found if backend == "library")
+
+
+def test_region_parts_are_cut_where_one_tensor_crosses():
+    chain = DataflowGraph.from_module(Chain)
+    whole = SubGraph(chain, S(0, 1, 2, 3, 4))
+    assert [p.nodes for p in region_parts(whole, cuts=1)] == [S(0, 1), S(2, 3, 4)]
+    assert len(list(region_parts(whole, cuts=4))) == 8  # in a chain every place is a cut
+    # After the matmul only `a` crosses; after relu, or exp, two tensors do.
+    diamond = DataflowGraph.from_module(Diamond)
+    assert [p.nodes for p in region_parts(SubGraph(diamond, S(0, 1, 2, 3)), cuts=3)] == [S(0), S(1, 2, 3)]
+
+
+def test_an_engine_gets_the_parts_of_its_regions_larger_than_its_rule_grows():
+    g = DataflowGraph.from_module(Chain)
+    pairs = PatternRule("test.pairs", any_op, anchor_then_elementwise, max_size=2)
+    engine = Backend("engine", GRAPH_LEVEL, ("llvm",), compile=None, rules=(pairs,))
+    parts = {c.subgraph.nodes for c in generate(g, [engine]) if c.pattern == "engine.part"}
+    assert parts == {S(0, 1, 2), S(0, 1, 2, 3), S(1, 2, 3, 4), S(2, 3, 4)}
 
 
 # ------------------------------------------------------------------ explicit patterns
