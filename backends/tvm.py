@@ -14,7 +14,7 @@ from tvm import relax
 
 from collage.backend import OP_LEVEL, Backend
 from collage.pattern import PatternRule
-from collage.runner import device_for
+from collage.runner import as_module, device_for
 
 
 def probe(target: str) -> str | None:
@@ -30,7 +30,7 @@ class Kernel:
 
     def __init__(self, func: relax.Function, target: str):
         self.device = device_for(target)
-        self.vm = relax.VirtualMachine(tvm.compile(tvm.IRModule({"main": func}), target=target), self.device)
+        self.vm = relax.VirtualMachine(tvm.compile(as_module(func), target=target), self.device)
         self.num_inputs = len(func.params)
         self.returns_tuple = isinstance(func.ret_ty, relax.TupleType)
 

@@ -21,7 +21,7 @@ import tvm_ffi
 
 from .backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet
 from .candidates import PART_SUFFIX, REGION_SUFFIX, generate
-from .checked import assemble_and_check
+from .checked import as_tvm_runs_it, assemble_and_check
 from .cost_log import CostLog
 from .end_to_end import EndToEnd, wrong_result
 from .engine_alone import EngineAloneFailed, blockers, blockers_text, from_onnx_file
@@ -30,15 +30,17 @@ from .measure import Measurer, default_threads, pin_threads
 from .optimized import OptimizedModule, OptimizeError
 from .placement import Partition, Placement, PlacementError, place
 from .prepare import backend_set as make_backend_set
-from .prepare import bound_main, check_target, dataflow_graph, reference_outputs
+from .prepare import Unplaceable, bound_main, check_target, dataflow_graph, reference_outputs
 from .refine import refine
 from .report import dominant_tvm_ops
 from .runner import build_vm, device_for, first_line, random_inputs, to_tensors
+from .saved import model_hash
 from .simplify import simplify as simplify_module
 from .timing import Timing
 
 # Names of finalists (placements timed end to end against each other).
 OP_LEVEL_PLACEMENT = "op-level"
+AS_TVM_RUNS_IT = "the whole model on tvm, unplaced"  # nothing to place: see _as_tvm_runs_it
 KERNELS_ONLY_PLACEMENT = "op-level, kernels only"  # the DP without engine regions: the graph-level search's start
 
 
@@ -94,8 +96,15 @@ def optimize(
     report = None
     prepared = original
     if simplify:
-        prepared, report = simplify_module(original, report=True)
-    graph = dataflow_graph(prepared)
+        try:
+            prepared, report = simplify_module(original, report=True)
+        except Exception as err:  # noqa: BLE001 -- a TVM pass failing on this model: place it as given
+            stats["simplify_failed"] = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
+    try:
+        graph = dataflow_graph(prepared)
+    except Unplaceable as err:
+        stats["unplaced"], stats["unplaced_hash"] = str(err), model_hash(prepared["main"])
+        return _as_tvm_runs_it(original, prepared, target, threads, seed, log, report, stats, excluded, started)
 
     t = time.perf_counter()
     candidates = generate(graph, usable)
@@ -196,6 +205,21 @@ def optimize(
         _vm=kept.vm,
         _params=list(original["main"].params),
     )
+
+
+def _as_tvm_runs_it(original, prepared, target, threads, seed, log, report, stats, excluded, started) -> OptimizedModule:
+    """A model with nothing collage can place (no operator left, shapes known only at run
+    time) runs as TVM alone runs it: checked and timed, with the reason in the report."""
+    arrays = random_inputs(original["main"], seed)
+    kept = as_tvm_runs_it(original, prepared, reference_outputs(original, arrays, log, seed, target), arrays, target)
+    stats["chosen"] = AS_TVM_RUNS_IT
+    measured = time_finalists({AS_TVM_RUNS_IT: kept.vm}, arrays, target)[AS_TVM_RUNS_IT]
+    stats["total_s"] = time.perf_counter() - started
+    return OptimizedModule(
+        module=kept.assembly.module, placement=[], target=target, threads=threads, estimated_ms=math.nan,
+        measured=measured, simplified=report, stats=stats, excluded=excluded, _assembly=kept.assembly,
+        _vm=kept.vm, _params=list(original["main"].params),
+    )  # fmt: skip
 
 
 def _placements(graph, candidates, costs, usable, graph_level: bool, notes: dict) -> tuple[dict[str, Placement], dict[str, str]]:

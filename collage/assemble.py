@@ -25,7 +25,7 @@ import tvm_ffi
 from tvm import relax
 
 from .backend import REFERENCE_BACKEND, BackendSet
-from .graph import DataflowGraph
+from .graph import CALLEES_ATTR, DataflowGraph
 from .placement import Partition
 from .runner import compile_kernel
 from .subgraph import Remap
@@ -86,7 +86,8 @@ def assemble(
                     remap.mapping[node.var] = bb.emit(remap.visit_expr(node.value))
                     continue
                 if part.backend == REFERENCE_BACKEND:
-                    callee = sub.extract(lift_constants=True).without_attr("global_symbol").with_attr("Primitive", True)
+                    callee = sub.extract(lift_constants=True).without_attr(CALLEES_ATTR)
+                    callee = callee.without_attr("global_symbol").with_attr("Primitive", True)
                     gv = bb.add_func(callee, f"{prefix}_{k}_tvm")
                     args = [remap.visit_expr(a) for a in sub.arguments(lift_constants=True)]
                     result = bb.emit(relax.Call(gv, args))
@@ -112,7 +113,10 @@ def assemble(
             value = graph.result if returns is None else relax.Tuple([graph[i].var for i in returns])
             out = bb.emit_output(remap.visit_expr(value))
         bb.emit_func_output(out)
-    return Assembly(bb.get(), kernels)
+    module = bb.get()
+    for gv, func in graph.callees.items():  # what TVM's partitions call (importers' PrimFuncs)
+        module[gv] = func
+    return Assembly(module, kernels)
 
 
 # An engine partition keeps its users' settings (threads spinning between runs) when nothing of

@@ -4,7 +4,7 @@ model, fall back to TVM, op by op, and the check repeats."""
 
 from __future__ import annotations
 
-from .assemble import PartitionFailed, assemble
+from .assemble import Assembly, PartitionFailed, assemble
 from .backend import BackendSet
 from .end_to_end import wrong_result
 from .finalists import Finalist
@@ -13,6 +13,16 @@ from .placement import Partition, Placement, tvm_op
 from .runner import build_vm, device_for, mismatch, numpy_outputs, run_kernel, to_tensors
 
 MAX_CHECK_ROUNDS = 3
+
+
+def as_tvm_runs_it(original, prepared, expected, arrays, target) -> Finalist:
+    """A module with nothing to place (``prepare.Unplaceable``) as TVM alone runs it: the
+    simplified module when it computes what the unoptimized one does, else the unoptimized one."""
+    for module in (prepared, original):
+        vm = build_vm(module, target)
+        if module is original or wrong_result(vm, to_tensors(arrays, device_for(target)), expected) is None:
+            return Finalist([], Assembly(module), vm, float("nan"))
+    raise AssertionError("unreachable: the unoptimized module is its own reference")
 
 
 def assemble_and_check(graph, placement: Placement, expected, arrays, backends, target) -> Finalist:

@@ -19,6 +19,10 @@ TUPLE_GET_ITEM = "tuple_get_item"
 CONSTANT = "constant"  # lv = R.const(...), as the torch frontend writes for masks
 ALIAS = "alias"  # lv = other_var
 
+# An extracted function that calls functions of the module (call_tir of the PrimFuncs an
+# importer wrote) carries them in this attribute: only TVM runs them, and it needs their code.
+CALLEES_ATTR = "collage.callees"
+
 
 @dataclass(frozen=True, eq=False)
 class Node:
@@ -69,7 +73,7 @@ class DataflowGraph:
     the values it packs are the graph's outputs.
     """
 
-    def __init__(self, func: relax.Function):
+    def __init__(self, func: relax.Function, callees: dict | None = None):
         blocks = list(func.body.blocks)
         if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
             raise ValueError(
@@ -77,11 +81,15 @@ class DataflowGraph:
                 "normalize the module first (e.g. relax.transform.ConvertToDataflow)"
             )
         self.func = func
+        # The module's functions ``func`` calls (GlobalVar -> PrimFunc or Relax function).
+        self.callees: dict[relax.GlobalVar, tvm.ir.BaseFunc] = dict(callees or {})
         self.block = blocks[0]
         result = func.body.body
         index_of_var: dict[relax.Var, int] = {}
         nodes = []
         for binding in self.block.bindings:
+            if isinstance(binding, relax.MatchCast):
+                raise ValueError(f"a match_cast binding ({binding.var}): shapes known only at run time")
             if not isinstance(binding, relax.VarBinding):
                 raise ValueError(f"unsupported binding kind {type(binding).__name__}: {binding.var}")
             if binding.var.same_as(result) and isinstance(binding.value, relax.Tuple):
@@ -106,7 +114,7 @@ class DataflowGraph:
 
     @classmethod
     def from_module(cls, mod: tvm.IRModule, name: str = "main") -> DataflowGraph:
-        return cls(mod[name])
+        return cls(mod[name], called_functions(mod, mod[name]))
 
     def __len__(self):
         return len(self.nodes)
@@ -131,3 +139,24 @@ class DataflowGraph:
 
     def __repr__(self):
         return f"DataflowGraph({len(self.nodes)} nodes, outputs={sorted(self.outputs)})"
+
+
+def global_vars(expr: relax.Expr) -> list[relax.GlobalVar]:
+    """The module functions ``expr`` calls, in order, each once (``call_tir``'s PrimFunc, a
+    Relax function called directly)."""
+    return list(dict.fromkeys(relax.analysis.all_global_vars(expr)))
+
+
+def called_functions(mod: tvm.IRModule, func: relax.Function) -> dict[relax.GlobalVar, tvm.ir.BaseFunc]:
+    """The functions of ``mod`` that ``func`` calls, directly or through Relax functions it calls."""
+    found: dict[relax.GlobalVar, tvm.ir.BaseFunc] = {}
+    todo = [func]
+    while todo:
+        caller = todo.pop()
+        if not isinstance(caller, relax.Function):
+            continue  # a PrimFunc's own calls are compiled with it
+        for gv in global_vars(caller):
+            if gv not in found and gv.name_hint in mod:
+                found[gv] = mod[gv.name_hint]
+                todo.append(found[gv])
+    return found

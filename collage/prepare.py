@@ -15,7 +15,7 @@ from .backend import Backend, BackendSet, default_backends
 from .cost_log import CostLog
 from .graph import DataflowGraph
 from .optimized import OptimizeError
-from .runner import build_vm, device_for, numpy_outputs, static_shape, to_tensors
+from .runner import build_vm, device_for, first_line, numpy_outputs, static_shape, to_tensors
 
 TARGETS = ("llvm", "cuda")
 
@@ -70,16 +70,25 @@ def backend_set(backends: BackendSet | Iterable[Backend | str] | None) -> Backen
     return BackendSet(chosen)
 
 
+class Unplaceable(Exception):
+    """``main`` holds nothing collage can place; the message says why. TVM still runs it."""
+
+
 def dataflow_graph(mod: tvm.IRModule) -> DataflowGraph:
-    """The graph of ``main``'s operators, its bindings put in one dataflow block if need be."""
+    """The graph of ``main``'s operators, its bindings put in one dataflow block if need be.
+    Raises ``Unplaceable`` when there is no operator, or a binding the graph cannot hold (a
+    ``match_cast`` to shapes known only at run time, as ONNX's Range imports)."""
+    main = mod["main"]
+    if not any(block.bindings for block in main.body.blocks):
+        raise Unplaceable("main holds no operator (it returns its inputs or constants)")
     try:
-        return DataflowGraph(mod["main"])
+        return DataflowGraph.from_module(mod)
     except ValueError:
         pass
     try:
-        return DataflowGraph(relax.transform.ConvertToDataflow(min_size=1)(mod)["main"])
+        return DataflowGraph.from_module(relax.transform.ConvertToDataflow(min_size=1)(mod))
     except ValueError as err:
-        raise OptimizeError(f"main cannot be placed: {err}") from None
+        raise Unplaceable(f"main cannot be placed: {err}") from None
 
 
 def reference_outputs(original, arrays, log: CostLog, seed: int, target: str) -> list[np.ndarray]:
@@ -89,6 +98,12 @@ def reference_outputs(original, arrays, log: CostLog, seed: int, target: str) ->
     key = f"{tvm_ffi.structural_hash(original):x} seed {seed} inputs 2 {target}"
     saved = log.get_reference(key)
     if saved is None:
-        saved = numpy_outputs(build_vm(original, target)["main"](*to_tensors(arrays, device_for(target))))
+        try:
+            saved = numpy_outputs(build_vm(original, target)["main"](*to_tensors(arrays, device_for(target))))
+        except Exception as err:  # noqa: BLE001 -- TVM's own failure on this model
+            raise OptimizeError(
+                f"TVM cannot run the unoptimized model, which every placement is checked against: "
+                f"{type(err).__name__}: {first_line(err)}"
+            ) from None
         log.put_reference(key, saved)
     return saved

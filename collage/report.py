@@ -84,6 +84,8 @@ def format_report(opt) -> str:
         "",
         f"{'#':>3}  {'backend':<12} {'pattern':<26} {'ms':>9}  ops",
     ]
+    if "unplaced" in opt.stats:
+        lines.append(f"    nothing placed: {opt.stats['unplaced']}; the whole model runs on tvm, as TVM alone runs it")
     for k, p in enumerate(parts):
         cost = "-" if math.isnan(p.cost_ms) else f"{p.cost_ms:9.4f}"
         lines.append(f"{k:>3}  {p.backend:<12} {p.pattern:<26} {cost:>9}  {ops_text(p.ops)}")
@@ -113,6 +115,8 @@ def format_report(opt) -> str:
             lines.append(f"  {name:<30} estimated {estimated:>9} ms, measured {a['measured_ms']:9.3f} ms{spread}{mark}")
         if "tie" in s:
             lines.append(f"  {s['tie']}")
+    if "simplify_failed" in s:
+        lines.append(f"note: {s['simplify_failed']}")
     for text in (*s.get("engine_blockers", {}).values(), *s.get("engine_alone", {}).values()):
         lines.append(f"note: {text}")
     for warning in s.get("warnings", ()):

@@ -16,6 +16,19 @@ from tvm import relax
 RTOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
 
 
+def as_module(func: relax.Function) -> tvm.IRModule:
+    """``func`` as the ``main`` of a module, with the functions it calls (``SubGraph.extract``
+    carries them in an attribute) beside it."""
+    from .graph import CALLEES_ATTR
+
+    callees = func.attrs.get(CALLEES_ATTR) if func.attrs else None
+    if not callees:
+        return tvm.IRModule({"main": func})
+    mod = tvm.IRModule(dict(callees.items()))
+    mod["main"] = func.without_attr(CALLEES_ATTR)
+    return mod
+
+
 def param_types(func: relax.Function) -> list[relax.TensorType]:
     return [p.ty for p in func.params]
 
@@ -97,7 +110,7 @@ def to_tensors(arrays, device=None) -> list[tvm.runtime.Tensor]:
 
 def run_reference(func: relax.Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
     """``func`` compiled by TVM's default CPU pipeline, as numpy outputs."""
-    return numpy_outputs(build_vm(tvm.IRModule({"main": func}))["main"](*to_tensors(arrays)))
+    return numpy_outputs(build_vm(as_module(func))["main"](*to_tensors(arrays)))
 
 
 def numpy_outputs(result) -> list[np.ndarray]:

@@ -33,7 +33,7 @@ import onnx
 
 from .backend import REFERENCE_BACKEND, Backend, BackendSet, default_backends
 from .candidates import Candidate
-from .checked import assemble_and_check
+from .checked import as_tvm_runs_it, assemble_and_check
 from .cost import Cost
 from .cost_log import CostLog
 from .engine_alone import FILE_SUFFIX, EngineAloneFailed, from_onnx_file
@@ -70,13 +70,15 @@ def save_placement(opt: OptimizedModule, path: str | os.PathLike) -> Path:
 
 def placement_record(opt: OptimizedModule) -> dict:
     """The JSON-ready record of ``opt``'s placement (see the module docstring)."""
-    if not opt.placement:
-        raise ValueError("an empty placement has nothing to save")
-    graph = opt.placement[0].candidate.subgraph.graph
+    if opt.placement:
+        graph = opt.placement[0].candidate.subgraph.graph
+        model = {"hash": model_hash(graph.func), "ops": len(graph)}
+    else:  # nothing was placeable: the record says why, and rebuilding runs TVM as optimize did
+        model = {"hash": opt.stats["unplaced_hash"], "ops": 0, "unplaced": opt.stats["unplaced"]}
     return {
         "format": FORMAT,
         "version": VERSION,
-        "model": {"hash": model_hash(graph), "ops": len(graph)},
+        "model": model,
         "target": opt.target,
         "threads": opt.threads,
         "simplify": opt.simplified is not None,
@@ -96,9 +98,9 @@ def placement_record(opt: OptimizedModule) -> dict:
     }
 
 
-def model_hash(graph: DataflowGraph) -> str:
+def model_hash(main: tvm.relax.Function) -> str:
     """The structural hash of the (bound, simplified) ``main`` the placement indexes."""
-    return f"{tvm_ffi.structural_hash(graph.func):016x}"
+    return f"{tvm_ffi.structural_hash(main):016x}"
 
 
 def _json_number(ms: float) -> float | None:
@@ -182,6 +184,8 @@ def load_placement(
     report, prepared = None, original
     if record["simplify"]:
         prepared, report = simplify_module(original, report=True)
+    if "unplaced" in record["model"]:
+        return _unplaced(original, prepared, record, path, target, threads, seed, cost_log, report, excluded)
     graph = dataflow_graph(prepared)
     _check_model(graph, record, path)
     _check_backends(record, backend_set, excluded, path)
@@ -215,6 +219,21 @@ def load_placement(
         _vm=built.vm,
         _params=list(original["main"].params),
     )
+
+
+def _unplaced(original, prepared, record, path, target, threads, seed, cost_log, report, excluded) -> OptimizedModule:
+    """A model optimize found nothing to place in, run as TVM alone runs it (as optimize did)."""
+    if record["model"].get("hash") != model_hash(prepared["main"]):
+        raise PlacementFileError(f"{path}: placement was made for another model (hash {record['model'].get('hash')})")
+    log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
+    arrays = random_inputs(original["main"], seed)
+    built = as_tvm_runs_it(original, prepared, reference_outputs(original, arrays, log, seed, target), arrays, target)
+    measured = time_finalists({"placement": built.vm}, arrays, target)["placement"]
+    return OptimizedModule(
+        module=built.assembly.module, placement=[], target=target, threads=threads, estimated_ms=math.nan,
+        measured=measured, simplified=report, stats={"unplaced": record["model"]["unplaced"]}, excluded=excluded,
+        _assembly=built.assembly, _vm=built.vm, _params=list(original["main"].params),
+    )  # fmt: skip
 
 
 def _runs_file(record: dict) -> bool:
@@ -282,10 +301,10 @@ def _partition(graph: DataflowGraph, entry: dict, costs: LoggedCosts) -> Partiti
 def _check_model(graph: DataflowGraph, record: dict, path) -> None:
     """The model is the one the placement was made for: same hash, same op at every node."""
     saved = record["model"]
-    if saved.get("hash") != model_hash(graph) or saved.get("ops") != len(graph):
+    if saved.get("hash") != model_hash(graph.func) or saved.get("ops") != len(graph):
         raise PlacementFileError(
             f"{path}: placement was made for another model (saved: {saved.get('ops')} ops, hash {saved.get('hash')}; "
-            f"this model: {len(graph)} ops, hash {model_hash(graph)})"
+            f"this model: {len(graph)} ops, hash {model_hash(graph.func)})"
         )
     for k, entry in enumerate(record["partitions"]):
         nodes = entry["nodes"]

@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .graph import DataflowGraph
+from .graph import CALLEES_ATTR, DataflowGraph, global_vars
 
 Constant = tvm.ir.GenericConst  # relax.const(...)
 
@@ -136,13 +136,21 @@ class SubGraph:
                 outs = [remap.mapping[self.graph[i].var] for i in self.outputs]
                 out = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
             bb.emit_func_output(out)
-        return bb.get()["main"]
+        func = bb.get()["main"]
+        callees = self.callees()
+        return func.with_attr(CALLEES_ATTR, callees) if callees else func
+
+    def callees(self) -> dict[relax.GlobalVar, tvm.ir.BaseFunc]:
+        """The module functions the sub-graph's nodes call (``call_tir``'s PrimFuncs)."""
+        used = [gv for i in sorted(self.nodes) for gv in global_vars(self.graph[i].value)]
+        return {gv: self.graph.callees[gv] for gv in dict.fromkeys(used) if gv in self.graph.callees}
 
     @functools.cached_property
     def structural_key(self) -> str:
         """sha256 of the extracted function's TVMScript, weights lifted to typed parameters."""
-        text = self.extract(lift_constants=True).script(show_meta=False)
-        return hashlib.sha256(text.encode()).hexdigest()
+        func = self.extract(lift_constants=True).without_attr(CALLEES_ATTR)
+        texts = [func.script(show_meta=False), *(f.script(show_meta=False) for f in self.callees().values())]
+        return hashlib.sha256("\n".join(texts).encode()).hexdigest()
 
     def __repr__(self):
         return f"SubGraph({sorted(self.nodes)})"

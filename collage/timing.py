@@ -109,6 +109,12 @@ class Protocol:
 
 def time_contenders(calls: dict[str, Callable[[], object]], protocol: Protocol = Protocol()) -> dict[str, Cost]:
     """Each call's latency under ``protocol``: median of block medians and its spread (ms)."""
+    return {name: Cost.of(*median_and_iqr(ms), samples=len(ms)) for name, ms in time_rounds(calls, protocol).items()}
+
+
+def time_rounds(calls: dict[str, Callable[[], object]], protocol: Protocol = Protocol()) -> dict[str, list[float]]:
+    """Each call's block medians (ms), round by round, under ``protocol``; a contender that
+    left the rounds (``budget_s``) has fewer."""
     block = {name: _block_calls(call, protocol) for name, call in calls.items()}
     settle_s = protocol.settle_s if len(calls) > 1 else 0.0
     medians: dict[str, list[float]] = {name: [] for name in calls}
@@ -123,7 +129,18 @@ def time_contenders(calls: dict[str, Callable[[], object]], protocol: Protocol =
             began = time.perf_counter()
             medians[name].append(statistics.median(_timed_block(calls[name], block[name])))
             spent[name] += time.perf_counter() - began
-    return {name: Cost.of(*median_and_iqr(ms), samples=len(ms)) for name, ms in medians.items()}
+    return medians
+
+
+def paired_ratio(numerator: list[float], denominator: list[float]) -> tuple[float, float]:
+    """Median and interquartile range of ``numerator[k] / denominator[k]`` over the rounds both
+    took part in. Block medians of one round were taken seconds apart, so a machine whose
+    speed drifts from round to round (a shared host: ±20% here on a small model) moves both
+    alike, and their ratio is far steadier than the ratio of the two medians."""
+    ratios = [a / b for a, b in zip(numerator, denominator) if b > 0]
+    if not ratios:
+        return math.nan, math.nan
+    return median_and_iqr(ratios)
 
 
 def _block_calls(call: Callable[[], object], protocol: Protocol) -> int:

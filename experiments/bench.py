@@ -120,10 +120,13 @@ def prepare(prepare_fn: PrepareFn, w: models.Workload, reference, settings: Sett
 
 
 def time_peers(peers: dict[str, Prepared], settings: Settings) -> tuple[dict, dict[str, str]]:
-    """Each peer's latency (a ``collage.cost.Cost``) under the protocol, and the errors of peers
+    """Each peer's latency (a ``collage.cost.Cost``) under the protocol with its block medians
+    round by round, and the errors of peers
     that broke while being timed (a broken peer's calls then do nothing, so the others' rounds
     go on)."""
-    from collage.timing import time_contenders
+    from collage.cost import Cost
+    from collage.timing import median_and_iqr, time_rounds
+
     errors: dict[str, str] = {}
 
     def guarded(name, run):
@@ -137,17 +140,20 @@ def time_peers(peers: dict[str, Prepared], settings: Settings) -> tuple[dict, di
 
         return call
 
-    costs = time_contenders({name: guarded(name, p.runner.run) for name, p in peers.items()}, settings.protocol())
-    return costs, errors
+    rounds = time_rounds({name: guarded(name, p.runner.run) for name, p in peers.items()}, settings.protocol())
+    return {name: (Cost.of(*median_and_iqr(ms), samples=len(ms)), ms) for name, ms in rounds.items()}, errors
 
 
-def summarize(cost) -> dict:
-    """Median of the block medians and their interquartile range (absolute and relative), ms."""
+def summarize(timed) -> dict:
+    """Median of the block medians and their interquartile range (absolute and relative), and
+    the block medians round by round (for ratios paired within a round), ms."""
+    cost, rounds = timed
     return {
         "median_ms": cost.median_ms,
         "spread_ms": cost.spread_ms,
         "spread": cost.spread_ms / cost.median_ms if cost.median_ms else 0.0,
         "samples": cost.samples,
+        "rounds_ms": [round(ms, 5) for ms in rounds],
     }
 
 
@@ -194,14 +200,14 @@ def measure_model(
 
     print(f"  {name}: timing {', '.join(prepared)}", flush=True)
     before = cpu_seconds()
-    costs, run_errors = time_peers(prepared, settings)
+    timed, run_errors = time_peers(prepared, settings)
     entry["meta"]["busy_cores_by_others"] = busy_cores_by_others(before, cpu_seconds())
     for peer, p in prepared.items():
         common = {"prepare_s": round(p.prepare_s, 2), "max_rel_err": p.max_rel_err, **p.runner.info}
         if peer in run_errors:
             records[peer] = {**failed_record(run_errors[peer]), **common}
         else:
-            records[peer] = {**summarize(costs[peer]), **common, "error": None}
+            records[peer] = {**summarize(timed[peer]), **common, "error": None}
     entry["peers"] = {peer: records[peer] for peer in peers}  # registry order
     return entry
 
@@ -275,7 +281,29 @@ def update_results(path: Path, entries: dict[str, dict]) -> dict:
 
 def speedups(results: dict[str, dict], ours: str = "collage") -> dict[str, tuple[float, str]]:
     """Per model: the best other peer's median over ours, and that peer's name (models where
-    either is missing, failed or wrong are left out)."""
+    either is missing, failed or wrong are left out). Where both have their block medians
+    round by round, the ratio is the median of the per-round ratios (``paired_speedups``)."""
+    return {name: (ratio, best) for name, (ratio, _, best) in paired_speedups(results, ours).items()}
+
+
+def paired_speedups(results: dict[str, dict], ours: str = "collage") -> dict[str, tuple[float, float, str]]:
+    """Per model: (speed-up, its interquartile range, the best other peer). The best peer is
+    the one with the lowest median; the speed-up is the median over rounds of that peer's
+    block median over ours in the same round (``collage.timing.paired_ratio``): on a shared
+    host whose speed drifts from round to round, pairing within rounds cancels the drift."""
+    from collage.timing import paired_ratio
+
+    out = {}
+    for name, (ratio, best) in _median_speedups(results, ours).items():
+        mine, theirs = results[name]["peers"][ours], results[name]["peers"][best]
+        if mine.get("rounds_ms") and theirs.get("rounds_ms"):
+            out[name] = (*paired_ratio(theirs["rounds_ms"], mine["rounds_ms"]), best)
+        else:
+            out[name] = (ratio, math.nan, best)
+    return out
+
+
+def _median_speedups(results: dict[str, dict], ours: str) -> dict[str, tuple[float, str]]:
     out = {}
     for name, entry in results.items():
         correct = {
@@ -331,9 +359,11 @@ def format_table(results: dict[str, dict]) -> str:
     ratios = speedups(results)
     if ratios:  # collage's speed-up over the best single peer, per model
         header.append("collage vs best")
+        paired = paired_speedups(results)
         for name, row in zip(results, rows):
-            ratio, best = ratios.get(name, (None, None))
-            row.append(f"{ratio:.2f}x ({best})" if ratio else "-")
+            ratio, spread, best = paired.get(name, (None, None, None))
+            spread_text = "" if spread is None or math.isnan(spread) else f" ±{spread:.2f}"
+            row.append(f"{ratio:.2f}x{spread_text} ({best})" if ratio else "-")
         notes.append(f"  geo-mean speed-up of collage over the best peer: {geomean(r for r, _ in ratios.values()):.2f}x")
 
     widths = [max(len(line[i]) for line in [header] + rows) for i in range(len(header))]

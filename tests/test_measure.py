@@ -153,3 +153,14 @@ def test_a_slow_contender_leaves_the_rounds_when_its_budget_share_is_spent():
     costs = time_contenders(calls, Protocol(rounds=8, block_ms=0.0, settle_s=0.0, warmup_s=0.0,
                                             budget_s=0.1, min_rounds=3))
     assert costs["slow"].samples == 3 and costs["fast"].samples == 8
+
+
+def test_a_paired_ratio_cancels_drift_between_rounds():
+    import pytest
+
+    from collage.timing import paired_ratio
+
+    drift = [1.0, 1.5, 0.8, 1.2]  # the machine's speed, round by round
+    ratio, spread = paired_ratio([2.0 * d for d in drift], [1.0 * d for d in drift])
+    assert ratio == pytest.approx(2.0) and spread == pytest.approx(0.0)
+    assert paired_ratio([1.0, 2.0], [1.0]) == (1.0, 0.0)  # a contender that left after one round

@@ -282,3 +282,29 @@ def test_a_scalar_input_stays_a_scalar(tmp_path):
     opt = collage.optimize(Scalar, backends=["tvm"], cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
     y = np.arange(4, dtype="float32")
     np.testing.assert_allclose(opt(np.float32(0.5), y), np.exp(y + 0.5), rtol=1e-6)
+
+
+def test_pads_computed_from_shapes_import_after_a_clean_up_and_the_call_tir_runs_on_tvm(tmp_path):
+    """TVM's importer refuses pads computed from a static shape ("Dynamic pads are not
+    supported yet"); after ONNX Runtime's constant folding it imports, as a call_tir of a pad
+    PrimFunc, which TVM's partitions carry with them."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["channels"], axis=0),  # 2
+        helper.make_node("Sub", ["channels", "one"], ["p"]),  # 1
+        helper.make_node("Concat", ["zeros", "p", "p", "zeros", "p", "p"], ["pads"], axis=0),
+        helper.make_node("Pad", ["x", "pads"], ["padded"]),
+        helper.make_node("Relu", ["padded"], ["y"]),
+    ]
+    weights = [numpy_helper.from_array(np.array([1], "int64"), "one"), numpy_helper.from_array(np.zeros(2, "int64"), "zeros")]
+    graph = helper.make_graph(nodes, "pads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), tmp_path / "pads.onnx")
+    mod = collage.load_onnx(tmp_path / "pads.onnx")
+    assert any(not isinstance(f, relax.Function) for _, f in mod.functions_items())  # the PrimFunc
+    opt = collage.optimize(mod, backends=["tvm"], cost_log=tmp_path / "costs.sqlite", threads=2, progress=False)
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype("float32")
+    np.testing.assert_allclose(opt(x), np.maximum(np.pad(x, [(0, 0), (0, 0), (1, 1), (1, 1)]), 0))

@@ -98,3 +98,23 @@ def test_a_file_that_is_not_json_is_refused(tmp_path):
     (tmp_path / "placement.json").write_text("not json")
     with pytest.raises(PlacementFileError, match="not a collage placement file"):
         read_placement(tmp_path / "placement.json")
+
+
+def test_a_model_with_nothing_to_place_runs_as_tvm_runs_it_and_its_placement_rebuilds(tmp_path):
+    """A Range, as ONNX's importer writes it: shapes known only at run time (a match_cast)."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+    from onnx import TensorProto, helper
+
+    scalars = [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in "sld"]
+    graph = helper.make_graph([helper.make_node("Range", ["s", "l", "d"], ["y"])], "range", scalars,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])  # fmt: skip
+    mod = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10))
+    log = collage.CostLog(tmp_path / "costs.sqlite")
+    opt = collage.optimize(mod, backends=BACKENDS, cost_log=log, threads=2, progress=False)
+    assert opt.placement == [] and "match_cast" in opt.stats["unplaced"]
+    assert "nothing placed" in opt.report()
+    args = [np.array(v, "float32") for v in (1.0, 4.0, 0.5)]
+    np.testing.assert_allclose(opt(*args), np.arange(1.0, 4.0, 0.5, dtype="float32"))
+    again = collage.load_placement(mod, opt.save_placement(tmp_path / "placement.json"), cost_log=log)
+    np.testing.assert_allclose(again(*args), opt(*args))

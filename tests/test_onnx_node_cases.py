@@ -1,0 +1,35 @@
+"""ONNX's own backend node tests as a peer's test suite: wherever TVM alone is right, collage is
+right, and it never crashes. A fixed, fast subset: the operator families the zoo and common
+models use, and every way collage used to lose a case TVM ran (NaN in a reference, scalar
+inputs, importer idioms and ``call_tir``, graphs with no operator, shapes known only at run
+time). ``python -m experiments.onnx_node_tests`` runs every float32 case."""
+
+import pytest
+
+from experiments.onnx_node_tests import CRASHED, RIGHT, case_named, run_collage, run_tvm
+
+BACKENDS = ["tvm", "onnxruntime", "openvino"]
+CASES = [
+    # families the zoo and common models use
+    "test_conv_with_strides_padding", "test_gemm_default_single_elem_vector_bias", "test_relu",
+    "test_softmax_axis_1", "test_gelu_default_1", "test_hardswish", "test_averagepool_2d_ceil",
+    "test_layer_normalization_2d_axis0", "test_concat_2d_axis_0",
+    # a reference holding NaN (log, sqrt, acos, pow outside their domain), or an op that
+    # simplification used to fail on
+    "test_log", "test_sqrt", "test_acos", "test_pow", "test_batchnorm_example", "test_rms_normalization_2d_axis0",
+    # importer idioms: Clip as maximum/minimum, Conv with SAME padding as a call_tir of a pad
+    "test_clip", "test_conv_with_autopad_same",
+    # no operator left, scalar (0-d) inputs and a shape known only at run time
+    "test_identity", "test_constant", "test_range_float_type_positive_delta",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_wherever_tvm_alone_is_right_collage_is_right(name, tmp_path):
+    case = case_named(name)
+    tvm_alone = run_tvm(case, tmp_path)
+    # The engines take whole files; the op-level libraries' kernels are tested on their own.
+    collage = run_collage(case, tmp_path, cost_log=tmp_path / "costs.sqlite", backends=BACKENDS)
+    assert collage.status != CRASHED, collage.detail
+    if tvm_alone.status == RIGHT:
+        assert collage.status == RIGHT, collage.detail
