@@ -1,6 +1,7 @@
 """ONNX's own backend node tests, run on TVM alone, on collage and on ONNX Runtime.
 
     python -m experiments.onnx_node_tests [--match REGEX] [--runners tvm collage onnxruntime]
+                                          [--backends tvm onnxruntime openvino]
 
 The cases come from the ``onnx`` package's own case generators (its wheel ships no test
 data): every case whose inputs and outputs are all float32, each a one-operator model (a few
@@ -157,17 +158,21 @@ def run_onnxruntime(case, directory: Path) -> Outcome:
 RUNNERS = {"tvm": run_tvm, "collage": run_collage, "onnxruntime": run_onnxruntime}
 
 
-def run(cases, runners, cost_log=None) -> dict[str, dict[str, Outcome]]:
+def run(cases, runners, cost_log=None, after_each=None, backends=None) -> dict[str, dict[str, Outcome]]:
+    """Each case on each runner; ``after_each(results)`` is called after every case (to keep
+    partial results of a long run)."""
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for k, case in enumerate(cases):
             started = time.perf_counter()
             results[case.name] = {
-                name: (RUNNERS[name](case, Path(tmp), cost_log) if name == "collage" else RUNNERS[name](case, Path(tmp)))
+                name: (run_collage(case, Path(tmp), cost_log, backends) if name == "collage" else RUNNERS[name](case, Path(tmp)))
                 for name in runners
             }
             summary = ", ".join(f"{n} {o.status}" for n, o in results[case.name].items())
             print(f"[{k + 1}/{len(cases)}] {case.name}: {summary} ({time.perf_counter() - started:.1f} s)", flush=True)
+            if after_each is not None:
+                after_each(results)
     return results
 
 
@@ -194,18 +199,22 @@ def main(argv=None) -> None:
     parser.add_argument("--match", help="only cases whose name this regular expression finds")
     parser.add_argument("--runners", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
     parser.add_argument("--log", help="collage's cost log (default: collage's own)")
+    parser.add_argument("--backends", nargs="+", help="collage's backends (default: every registered one)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     cases = float32_cases(args.match)
-    results = run(cases, args.runners, args.log)
-    table = counts(results)
-    lost = collage_lost(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "cpu": Device.this_machine(2).name, "onnx": onnx.__version__, "cases": len(cases), "counts": table,
-        "collage_lost": lost,
-        "results": {name: {r: asdict(o) for r, o in outcomes.items()} for name, outcomes in results.items()},
-    }, indent=1) + "\n")  # fmt: skip
+    cpu = Device.this_machine(2).name
+
+    def write(results):
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({
+            "cpu": cpu, "onnx": onnx.__version__, "cases": len(cases), "done": len(results),
+            "counts": counts(results), "collage_lost": collage_lost(results),
+            "results": {name: {r: asdict(o) for r, o in outcomes.items()} for name, outcomes in results.items()},
+        }, indent=1) + "\n")  # fmt: skip
+
+    results = run(cases, args.runners, args.log, after_each=write, backends=args.backends)
+    table, lost = counts(results), collage_lost(results)
     for runner, c in table.items():
         print(f"{runner:<12} " + ", ".join(f"{status} {c.get(status, 0)}" for status in (RIGHT, WRONG, REFUSED, CRASHED)))
     print(f"TVM alone right, collage not: {len(lost)}" + (f" ({', '.join(lost)})" if lost else ""))
