@@ -1,7 +1,7 @@
 """ONNX's own backend node tests, run on TVM alone, on collage and on ONNX Runtime.
 
     python -m experiments.onnx_node_tests [--match REGEX] [--runners tvm collage onnxruntime]
-                                          [--backends tvm onnxruntime openvino]
+                                          [--backends tvm onnxruntime openvino] [--sample N]
 
 The cases come from the ``onnx`` package's own case generators (its wheel ships no test
 data): every case whose inputs and outputs are all float32, each a one-operator model (a few
@@ -21,6 +21,7 @@ import argparse
 import collections
 import functools
 import json
+import random
 import re
 import tempfile
 import time
@@ -138,7 +139,7 @@ def run_collage(case, directory: Path, cost_log=None, backends=None) -> Outcome:
         result = opt(*inputs_of(case))
     except Exception as err:  # noqa: BLE001
         return Outcome(CRASHED, f"calling the optimized module: {type(err).__name__}: {first_line(err)}")
-    return agreement(result if isinstance(result, list) else [result], case)
+    return agreement(list(result) if isinstance(result, tuple) else [result], case)
 
 
 def run_onnxruntime(case, directory: Path) -> Outcome:
@@ -200,15 +201,19 @@ def main(argv=None) -> None:
     parser.add_argument("--runners", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
     parser.add_argument("--log", help="collage's cost log (default: collage's own)")
     parser.add_argument("--backends", nargs="+", help="collage's backends (default: every registered one)")
+    parser.add_argument("--sample", type=int, help="only this many cases, drawn at random (seeded)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     cases = float32_cases(args.match)
+    if args.sample is not None and args.sample < len(cases):
+        cases = sorted(random.Random(0).sample(cases, args.sample), key=lambda case: case.name)
     cpu = Device.this_machine(2).name
 
     def write(results):
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
-            "cpu": cpu, "onnx": onnx.__version__, "cases": len(cases), "done": len(results),
+            "cpu": cpu, "onnx": onnx.__version__, "cases": len(cases), "of": len(float32_cases()),
+            "sample": args.sample, "backends": args.backends, "done": len(results),
             "counts": counts(results), "collage_lost": collage_lost(results),
             "results": {name: {r: asdict(o) for r, o in outcomes.items()} for name, outcomes in results.items()},
         }, indent=1) + "\n")  # fmt: skip
