@@ -231,6 +231,9 @@ def _draw(opt, path: Path) -> None:
     """Draw the placement; a missing Graphviz is a warning, since the placement is saved."""
     from .draw import DrawError, draw
 
+    if not opt.placement:  # nothing was placed: the report said why
+        print("collage: warning: no picture: nothing was placed", file=sys.stderr)
+        return
     try:
         print(f"picture written to {draw(opt, path)}")
     except DrawError as err:

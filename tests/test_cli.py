@@ -179,3 +179,20 @@ def test_a_users_mistake_is_one_line_without_traceback(mistake, workdir, env):
     model, options, words = MISTAKES[mistake]
     done = collage("optimize", model(workdir), *options, "--quiet", env=env, cwd=workdir)
     assert_one_error_line(done, *words)
+
+
+def test_a_model_with_nothing_to_place_optimizes_runs_and_says_why(workdir, env):
+    """ONNX's Range imports with a match_cast (its length is known only at run time)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    scalars = [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in "sld"]
+    graph = helper.make_graph([helper.make_node("Range", ["s", "l", "d"], ["y"])], "range", scalars,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), workdir / "range.onnx")
+    done = collage("optimize", "range.onnx", "--backends", BACKENDS, "--quiet", "--out", "range.json",
+                   "--draw", "range.dot", env=env, cwd=workdir)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "nothing placed" in done.stdout and "no picture: nothing was placed" in done.stderr
+    again = collage("run", "range.onnx", "--placement", "range.json", env=env, cwd=workdir)
+    assert again.returncode == 0 and "0 of 0 partition" in again.stdout, again.stderr
