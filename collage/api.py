@@ -40,7 +40,7 @@ from .timing import Timing
 
 # Names of finalists (placements timed end to end against each other).
 OP_LEVEL_PLACEMENT = "op-level"
-AS_TVM_RUNS_IT = "the whole model on tvm, unplaced"  # nothing to place: see _as_tvm_runs_it
+AS_TVM_RUNS_IT = "the whole model on tvm, unplaced"  # nothing to place: checked.as_tvm_runs_it
 KERNELS_ONLY_PLACEMENT = "op-level, kernels only"  # the DP without engine regions: the graph-level search's start
 
 
@@ -103,8 +103,10 @@ def optimize(
     try:
         graph = dataflow_graph(prepared)
     except Unplaceable as err:
-        stats["unplaced"], stats["unplaced_hash"] = str(err), model_hash(prepared["main"])
-        return _as_tvm_runs_it(original, prepared, target, threads, seed, log, report, stats, excluded, started)
+        stats.update(unplaced=str(err), unplaced_hash=model_hash(prepared["main"]), chosen=AS_TVM_RUNS_IT)
+        opt = as_tvm_runs_it(original, prepared, target, threads, seed, log, simplified=report, stats=stats, excluded=excluded)
+        stats["total_s"] = time.perf_counter() - started
+        return opt
 
     t = time.perf_counter()
     candidates = generate(graph, usable)
@@ -205,21 +207,6 @@ def optimize(
         _vm=kept.vm,
         _params=list(original["main"].params),
     )
-
-
-def _as_tvm_runs_it(original, prepared, target, threads, seed, log, report, stats, excluded, started) -> OptimizedModule:
-    """A model with nothing collage can place (no operator left, shapes known only at run
-    time) runs as TVM alone runs it: checked and timed, with the reason in the report."""
-    arrays = random_inputs(original["main"], seed)
-    kept = as_tvm_runs_it(original, prepared, reference_outputs(original, arrays, log, seed, target), arrays, target)
-    stats["chosen"] = AS_TVM_RUNS_IT
-    measured = time_finalists({AS_TVM_RUNS_IT: kept.vm}, arrays, target)[AS_TVM_RUNS_IT]
-    stats["total_s"] = time.perf_counter() - started
-    return OptimizedModule(
-        module=kept.assembly.module, placement=[], target=target, threads=threads, estimated_ms=math.nan,
-        measured=measured, simplified=report, stats=stats, excluded=excluded, _assembly=kept.assembly,
-        _vm=kept.vm, _params=list(original["main"].params),
-    )  # fmt: skip
 
 
 def _placements(graph, candidates, costs, usable, graph_level: bool, notes: dict) -> tuple[dict[str, Placement], dict[str, str]]:

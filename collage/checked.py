@@ -4,25 +4,35 @@ model, fall back to TVM, op by op, and the check repeats."""
 
 from __future__ import annotations
 
+import math
+
 from .assemble import Assembly, PartitionFailed, assemble
 from .backend import BackendSet
 from .end_to_end import wrong_result
-from .finalists import Finalist
-from .optimized import OptimizeError
+from .finalists import Finalist, time_finalists
+from .optimized import OptimizedModule, OptimizeError
 from .placement import Partition, Placement, tvm_op
-from .runner import build_vm, device_for, mismatch, numpy_outputs, run_kernel, to_tensors
+from .prepare import reference_outputs
+from .runner import build_vm, device_for, mismatch, numpy_outputs, random_inputs, run_kernel, to_tensors
 
 MAX_CHECK_ROUNDS = 3
 
 
-def as_tvm_runs_it(original, prepared, expected, arrays, target) -> Finalist:
-    """A module with nothing to place (``prepare.Unplaceable``) as TVM alone runs it: the
-    simplified module when it computes what the unoptimized one does, else the unoptimized one."""
-    for module in (prepared, original):
-        vm = build_vm(module, target)
-        if module is original or wrong_result(vm, to_tensors(arrays, device_for(target)), expected) is None:
-            return Finalist([], Assembly(module), vm, float("nan"))
-    raise AssertionError("unreachable: the unoptimized module is its own reference")
+def as_tvm_runs_it(original, prepared, target, threads, seed, log, *, simplified, stats, excluded) -> OptimizedModule:
+    """A model with nothing to place (``prepare.Unplaceable``) as TVM alone runs it: the
+    simplified module when it computes what the unoptimized one does, else the unoptimized one,
+    checked and timed as finalists are. ``optimize`` and ``load_placement`` both end here."""
+    arrays = random_inputs(original["main"], seed)
+    expected = reference_outputs(original, arrays, log, seed, target)
+    module, vm = prepared, build_vm(prepared, target)
+    if prepared is not original and wrong_result(vm, to_tensors(arrays, device_for(target)), expected) is not None:
+        module, vm = original, build_vm(original, target)
+    measured = time_finalists({"as TVM runs it": vm}, arrays, target)["as TVM runs it"]
+    return OptimizedModule(
+        module=module, placement=[], target=target, threads=threads, estimated_ms=math.nan, measured=measured,
+        simplified=simplified, stats=stats, excluded=excluded, _assembly=Assembly(module), _vm=vm,
+        _params=list(original["main"].params),
+    )  # fmt: skip
 
 
 def assemble_and_check(graph, placement: Placement, expected, arrays, backends, target) -> Finalist:

@@ -226,14 +226,8 @@ def _unplaced(original, prepared, record, path, target, threads, seed, cost_log,
     if record["model"].get("hash") != model_hash(prepared["main"]):
         raise PlacementFileError(f"{path}: placement was made for another model (hash {record['model'].get('hash')})")
     log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
-    arrays = random_inputs(original["main"], seed)
-    built = as_tvm_runs_it(original, prepared, reference_outputs(original, arrays, log, seed, target), arrays, target)
-    measured = time_finalists({"placement": built.vm}, arrays, target)["placement"]
-    return OptimizedModule(
-        module=built.assembly.module, placement=[], target=target, threads=threads, estimated_ms=math.nan,
-        measured=measured, simplified=report, stats={"unplaced": record["model"]["unplaced"]}, excluded=excluded,
-        _assembly=built.assembly, _vm=built.vm, _params=list(original["main"].params),
-    )  # fmt: skip
+    return as_tvm_runs_it(original, prepared, target, threads, seed, log, simplified=report,
+                          stats={"unplaced": record["model"]["unplaced"]}, excluded=excluded)  # fmt: skip
 
 
 def _runs_file(record: dict) -> bool:
