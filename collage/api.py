@@ -11,6 +11,7 @@ import dataclasses
 import gc
 import math
 import os
+import sys
 import time
 from collections.abc import Iterable, Mapping
 
@@ -26,6 +27,7 @@ from .cost_log import CostLog
 from .end_to_end import EndToEnd, wrong_result
 from .engine_alone import EngineAloneFailed, blockers, blockers_text, from_onnx_file
 from .finalists import Finalist, choose, time_finalists
+from .isolation import MeasureRunner
 from .measure import Measurer, default_threads, pin_threads
 from .optimized import OptimizedModule, OptimizeError
 from .placement import Partition, Placement, PlacementError, place
@@ -60,6 +62,7 @@ def optimize(
     graph_level: bool = False,
     budget_s: float = 600.0,
     patience: int = 5,
+    runner: MeasureRunner | None = None,
 ) -> OptimizedModule:
     """Place every operator of ``mod``'s ``main`` on the backend where it runs fastest here.
 
@@ -71,6 +74,9 @@ def optimize(
     their reason (``opt.excluded``). Costs are read from and written to ``cost_log`` (a
     CostLog or a path; default ``~/.cache/collage/costs.sqlite`` or ``$COLLAGE_COST_LOG``).
     Every backend runs on ``threads`` threads (default: the cores this process may use).
+    Candidates are measured on ``runner`` (``collage.isolation``): by default in a worker
+    process, so a library that crashes or hangs on one candidate costs that candidate only;
+    ``isolation.InProcess()`` measures here, without that safety.
     ``simplify`` runs ``collage.simplify`` first. ``graph_level`` then refines the op-level
     placement by an evolutionary search over what to hand to an inference engine, measuring
     each placement end to end, for ``budget_s`` seconds or until the best has not improved for
@@ -81,6 +87,11 @@ def optimize(
     """
     started = time.perf_counter()
     stats: dict = {"seed": seed}
+
+    def stage(what: str) -> None:  # a line per long stage, so a long optimization never looks stuck
+        if progress:
+            print(f"collage: {what} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+
     check_target(target)
     threads = threads or default_threads()
     pin_threads(threads)
@@ -96,6 +107,7 @@ def optimize(
     report = None
     prepared = original
     if simplify:
+        stage("simplifying")
         try:
             prepared, report = simplify_module(original, report=True)
         except Exception as err:  # noqa: BLE001 -- a TVM pass failing on this model: place it as given
@@ -114,13 +126,14 @@ def optimize(
     stats["generate_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    measurer = Measurer(BackendSet(usable), target, threads, log, timing, seed=seed)
+    measurer = Measurer(BackendSet(usable), target, threads, log, timing, seed=seed, runner=runner)
     measurer.measure_all(candidates, progress=progress)
     stats["measured"] = measurer.measured
     stats["distinct"] = len({measurer.key(c) for c in candidates})
     stats["measure_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    stage("placing")
     try:
         placements, alone = _placements(graph, candidates, measurer, usable, graph_level, stats.setdefault("engine_alone", {}))
     except PlacementError as err:  # an operator no backend (not even TVM) could run
@@ -131,6 +144,7 @@ def optimize(
     stats["engine_blockers"] = {e.name: blockers_text(e.name, found) for e in engines if (found := blockers(graph, e))}
 
     t = time.perf_counter()
+    stage(f"assembling and checking {len(placements)} placement(s)")
     arrays = random_inputs(original["main"], seed)
     expected = reference_outputs(original, arrays, log, seed, target)
     finalists = {
@@ -143,6 +157,7 @@ def optimize(
         if name.endswith(" alone") and finalists[name].fallbacks:
             stats["engine_alone"][engine] = f"{engine} alone fell back to tvm: {finalists.pop(name).fallbacks[0][1]}"
     if onnx_model is not None:
+        stage("running the ONNX file on each engine")
         finalists.update(_engines_on_file(original, graph, usable, onnx_model, expected, arrays, target, stats))
     stats["assemble_s"] = time.perf_counter() - t
 
@@ -172,6 +187,7 @@ def optimize(
         stats["graph_level_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    stage(f"timing {len(finalists)} finalist(s) against each other")
     measured = time_finalists({name: f.vm for name, f in finalists.items()}, arrays, target)
     chosen, note = choose(measured, {name: f.simplicity for name, f in finalists.items()})
     stats["final_timing_s"] = time.perf_counter() - t

@@ -7,6 +7,9 @@ the backends, look into the cost log.
     collage backends
     collage log stats | show | clear
 
+Libraries' own output (TVM's C++ log, Python warnings) is kept off the terminal unless
+``--verbose`` is given.
+
 A user's mistake (no such file, not an ONNX model, an operator TVM cannot import, an unknown
 backend, a placement made for another model) is one line ``collage: error: ...`` on stderr
 and exit status 2 for a wrong argument, 1 for the rest; argparse's own usage errors exit
@@ -16,7 +19,11 @@ with 2 as usual. A bug in collage itself still shows its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+import tempfile
+import warnings
 from pathlib import Path
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -42,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     from .frontend import ModelImportError
 
     try:
-        return args.run(args)
+        with _libraries_hushed(args.verbose):
+            return args.run(args)
     except UsageError as err:
         return _fail(err, EXIT_USAGE)
     except (ModelImportError, OptimizeError, CostLogError) as err:
@@ -58,6 +66,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="collage", description="Place each part of a model on the backend where it runs fastest."
     )
+    p.add_argument(
+        "--verbose", action="store_true",
+        help="let the libraries' own messages through (TVM's C++ log, warnings); by default only collage's lines show",
+    )  # fmt: skip
     commands = p.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
     opt = commands.add_parser("optimize", help="measure, place and assemble an ONNX model; save the placement")
@@ -80,6 +92,10 @@ def parser() -> argparse.ArgumentParser:
     opt.add_argument("--seed", type=int, default=0, help="seed of the random inputs used for checking (default 0)")
     opt.add_argument("--no-simplify", dest="simplify", action="store_false", help="skip collage.simplify")
     opt.add_argument("--quiet", action="store_true", help="no progress bar")
+    opt.add_argument(
+        "--in-process", action="store_true",
+        help="measure candidates in this process: no worker to start, but a library that crashes ends the run",
+    )  # fmt: skip
     opt.set_defaults(run=optimize_command)
 
     run = commands.add_parser(
@@ -123,6 +139,8 @@ def _model_arguments(p: argparse.ArgumentParser, defaults_from: str | None = Non
         "--shape", action="append", default=[], metavar="INPUT=1x3x224x224", help="fix a dynamic input's shape"
     )
     _log_argument(p)
+    # Also after the command, where users put it; SUPPRESS leaves the top-level value alone.
+    p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help="as before the command")
 
 
 def _positive(text: str) -> int:
@@ -143,6 +161,7 @@ def _log_argument(p: argparse.ArgumentParser) -> None:
 def optimize_command(args) -> int:
     from .api import optimize
     from .frontend import load_onnx
+    from .isolation import InProcess
     from .saved import save_placement
 
     backends, shapes, extra = _backends(args.backends), _shapes(args.shape), _graph_level(args)
@@ -151,7 +170,8 @@ def optimize_command(args) -> int:
     # The file goes along: each inference engine also runs it whole, as its users would.
     opt = optimize(
         mod, args.target, backends, args.log, onnx_model=args.model, threads=args.threads,
-        simplify=args.simplify, progress=not args.quiet, seed=args.seed, **extra,
+        simplify=args.simplify, progress=not args.quiet, seed=args.seed,
+        runner=InProcess() if args.in_process else None, **extra,
     )  # fmt: skip
     print(opt.report())
     print(f"\nplacement written to {save_placement(opt, args.out)}")
@@ -322,6 +342,41 @@ def _existing_log(args):
 
 
 # -- output --
+
+
+@contextlib.contextmanager
+def _libraries_hushed(verbose: bool):
+    """Keep what libraries write straight to file descriptor 2 (TVM's C++ log lines, up to a
+    hundred on one model, some after the error) and Python warnings off the terminal, unless
+    ``verbose``. Collage's own lines (progress, report, the error, last) still reach it:
+    ``sys.stderr`` is moved to a copy of the terminal's descriptor."""
+    if verbose:
+        yield
+        return
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    own = _is_fd2(sys.stderr)  # else a harness (pytest) holds sys.stderr: leave it there
+    before = sys.stderr
+    with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        os.dup2(sink.fileno(), 2)
+        if own:
+            sys.stderr = open(os.dup(terminal), "w", buffering=1, encoding=before.encoding, errors="backslashreplace")
+        try:
+            yield
+        finally:
+            if own:
+                sys.stderr.close()
+                sys.stderr = before
+            os.dup2(terminal, 2)
+            os.close(terminal)
+
+
+def _is_fd2(stream) -> bool:
+    try:
+        return stream.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:

@@ -2,10 +2,11 @@
 
 A candidate is extracted as a standalone function (its own weights inside), compiled alone on
 its backend, run once on seeded random inputs and compared with TVM's result for the same
-function, then timed: warm-up, then samples until their spread is small or a cap is hit.
-Anything that goes wrong (the library rejects the sub-graph, compiling or running raises,
-the values disagree) becomes ``Cost.invalid(reason)``: the DP never picks it, and nothing is
-raised to the caller.
+function, then timed: warm-up, then samples until their spread is small or a cap is hit. That
+happens on a runner (``isolation``): by default a worker process, so a library that crashes or
+hangs costs one candidate. Anything that goes wrong (the library rejects the sub-graph,
+compiling or running raises, the values disagree, the worker dies or overruns) becomes
+``Cost.invalid(reason)``: the DP never picks it, and nothing is raised to the caller.
 
 Costs go to the ``CostLog`` under (backend, library version, structural key, device, threads,
 precision, pattern), so a second run over the same model measures nothing.
@@ -25,17 +26,8 @@ from .backend import REFERENCE_BACKEND, BackendSet
 from .candidates import Candidate
 from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
-from .runner import (
-    compile_kernel,
-    device_for,
-    empty_outputs,
-    first_line,
-    mismatch,
-    random_inputs,
-    run_reference,
-    to_tensors,
-)
-from .timing import Timing, time_call
+from .isolation import MeasureRunner, MeasureTask, shared_worker
+from .timing import Timing
 from .transition import measure_transition
 
 TRANSITION = "transition"  # the pattern name of the transition-cost row in the log
@@ -58,8 +50,10 @@ def pin_threads(threads: int) -> None:
 class Measurer:
     """The ``CostSource`` of real runs: logged costs first, measurements for the rest.
 
-    ``backends`` is the BackendSet the candidates come from. Every measured cost is logged;
-    ``measured`` counts what this measurer measured itself (zero on a re-run).
+    ``backends`` is the BackendSet the candidates come from. ``runner`` is where candidates
+    are measured (default: this process's shared worker process, ``isolation.shared_worker``).
+    Every measured cost is logged; ``measured`` counts what this measurer measured itself
+    (zero on a re-run).
     """
 
     def __init__(
@@ -71,6 +65,7 @@ class Measurer:
         timing: Timing = Timing(),
         precision: str = "float32",
         seed: int = 0,
+        runner: MeasureRunner | None = None,
     ):
         self.backends = backends
         self.target = target
@@ -79,6 +74,7 @@ class Measurer:
         self.timing = timing
         self.precision = precision
         self.seed = seed
+        self.runner = runner if runner is not None else shared_worker(self.device.threads)
         self.measured = 0
         self._costs: dict[LogKey, Cost] = {}
         self._references: dict[frozenset[int], list[np.ndarray]] = {}
@@ -145,42 +141,22 @@ class Measurer:
     # -- one measurement --
 
     def measure(self, candidate: Candidate) -> Cost:
-        """Compile, check and time one candidate; never raises."""
+        """Compile, check and time one candidate on the runner; never raises."""
         backend = self.backends[candidate.backend]
         reason = backend.unavailable_reason(self.target)
         if reason is not None:
             return Cost.invalid(reason)
         try:
             func = candidate.subgraph.extract()
-            arrays = random_inputs(func, self.seed)
         except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
             return Cost.invalid(str(err))
-        kernel, reason = compile_kernel(backend, func, candidate.pattern, self.target)
-        if reason is not None:
-            return Cost.invalid(reason)
-        device = device_for(self.target)
-        inputs, outputs = to_tensors(arrays, device), empty_outputs(func, device)
-        try:
-            kernel(*inputs, *outputs)
-            actual = [o.numpy() for o in outputs]
-            problem = mismatch(actual, self._reference(candidate, func, arrays, actual))
-            if problem is not None:
-                return Cost.invalid(f"wrong result: {problem}")
-            timer = getattr(kernel, "time_ms", None)
-            if timer is not None:  # a kernel that can time itself without Python's overhead
-                return timer(inputs, self.timing)
-            return time_call(lambda: kernel(*inputs, *outputs), self.timing)
-        except Exception as err:
-            return Cost.invalid(f"run failed: {type(err).__name__}: {first_line(err)}")
-
-    def _reference(self, candidate, func, arrays, actual) -> list[np.ndarray]:
         nodes = candidate.subgraph.nodes
-        if nodes not in self._references:
-            if candidate.backend == REFERENCE_BACKEND:
-                self._references[nodes] = actual
-            else:
-                self._references[nodes] = run_reference(func, arrays)
-        return self._references[nodes]
+        task = MeasureTask(backend, func, candidate.pattern, self.target, self.seed, self.timing,
+                           self._references.get(nodes))
+        result = self.runner.run(task)
+        if result.reference is not None:
+            self._references[nodes] = result.reference
+        return result.cost
 
 
 def default_threads() -> int:

@@ -1,11 +1,12 @@
-"""How long collage.optimize takes: with an empty cost log, then again with the full one.
+"""How long collage.optimize takes: with an empty cost log, then again with the full one,
+measuring candidates in a worker process (the default) and in the optimizing process.
 
-    python -m experiments.optimize_time --model resnet50 [--threads 2]
+    python -m experiments.optimize_time --model resnet50 [--threads 2] [--runner worker in-process]
 
 Each run is a fresh process (``python -m experiments.optimize_time --one ...``), so the
 second run pays everything a user's second run pays (imports, loading the model, TVM
 compiling the assembled module) and inherits nothing but the log. Results, with each
-stage's share, go to ``experiments/results/optimize_time.json``.
+stage's share and the CPU they come from, go to ``experiments/results/optimize_time.json``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ RESULTS = Path(__file__).parent / "results" / "optimize_time.json"
 STAGES = ("generate_s", "measure_s", "place_s", "assemble_s", "total_s")
 
 
-def one(model: str, log: str, threads: int) -> dict:
+RUNNERS = ("worker", "in-process")
+
+
+def one(model: str, log: str, threads: int, runner: str) -> dict:
     """One optimize in this process; what it took."""
+    from collage.isolation import InProcess
     from collage.measure import pin_threads
 
     pin_threads(threads)
@@ -32,7 +37,8 @@ def one(model: str, log: str, threads: int) -> dict:
 
     w = models.load(model)
     start = time.perf_counter()
-    opt = collage.optimize(w.relax, cost_log=log, threads=threads, progress=False)
+    opt = collage.optimize(w.relax, cost_log=log, threads=threads, progress=False,
+                           runner=InProcess() if runner == "in-process" else None)
     wall = time.perf_counter() - start
     return {
         "wall_s": round(wall, 1),
@@ -50,24 +56,31 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", nargs="+", default=["resnet50"])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--one", nargs=2, metavar=("MODEL", "LOG"), help=argparse.SUPPRESS)
+    parser.add_argument("--runner", nargs="+", choices=RUNNERS, default=list(RUNNERS),
+                        help="where candidates are measured (collage.isolation)")
+    parser.add_argument("--one", nargs=3, metavar=("MODEL", "LOG", "RUNNER"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(one(args.one[0], args.one[1], args.threads)))
+        print(json.dumps(one(args.one[0], args.one[1], args.threads, args.one[2])))
         return
+    from collage.cost import cpu_info
+
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for model in args.model:
-        with tempfile.TemporaryDirectory() as tmp:
-            log = str(Path(tmp) / "costs.sqlite")
-            runs = {}
-            for label in ("empty_log", "full_log"):
-                command = [sys.executable, "-m", "experiments.optimize_time", "--one", model, log]
-                out = subprocess.run(command + ["--threads", str(args.threads)], check=True,
-                                     capture_output=True, text=True).stdout
-                runs[label] = json.loads(out.strip().splitlines()[-1])
-                print(f"{model} {label}: {runs[label]['wall_s']} s "
-                      f"({runs[label]['measured']} of {runs[label]['distinct']} distinct candidates measured)", flush=True)
-        results[model] = {"threads": args.threads, **runs}
+        entry = {"threads": args.threads, "cpu": cpu_info()}
+        for runner in args.runner:
+            with tempfile.TemporaryDirectory() as tmp:
+                log = str(Path(tmp) / "costs.sqlite")
+                runs = {}
+                for label in ("empty_log", "full_log"):
+                    command = [sys.executable, "-m", "experiments.optimize_time", "--one", model, log, runner]
+                    out = subprocess.run(command + ["--threads", str(args.threads)], check=True,
+                                         capture_output=True, text=True).stdout
+                    runs[label] = json.loads(out.strip().splitlines()[-1])
+                    print(f"{model} {runner} {label}: {runs[label]['wall_s']} s ({runs[label]['measured']} of "
+                          f"{runs[label]['distinct']} distinct candidates measured)", flush=True)
+            entry[runner] = runs
+        results[model] = entry
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
 

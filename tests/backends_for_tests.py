@@ -1,9 +1,12 @@
 """Small NumPy backends for testing the measurer and optimize: one that is right, and ones
-that fail in each way a real library can (compile error, run error, wrong values)."""
+that fail in each way a real library can (compile error, run error, wrong values, a crash of
+the whole process, a hang)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 
 import numpy as np
 from tvm import relax
@@ -73,6 +76,18 @@ def _wrong(func, pattern, target):
     return kernel
 
 
+def _aborts_when_compiling(func, pattern, target):
+    """A library that crashes the process (a failed assertion in C++ calls abort)."""
+    os.abort()
+
+
+def _hangs_when_run(func, pattern, target):
+    def kernel(*tensors):
+        time.sleep(3600)  # a deadlocked library
+
+    return kernel
+
+
 def variant(name: str, compile) -> Backend:
     rule = PatternRule(f"{name}.chain", _one_elementwise_op, _chain, max_size=3)
     return dataclasses.replace(NUMPY, name=name, compile=compile, rules=(rule,))
@@ -81,6 +96,8 @@ def variant(name: str, compile) -> Backend:
 CANNOT_COMPILE = variant("cannot_compile", _cannot_compile)
 RAISES_WHEN_RUN = variant("raises_when_run", _raises_when_run)
 WRONG = variant("wrong", _wrong)
+ABORTS = variant("aborts", _aborts_when_compiling)
+HANGS = variant("hangs", _hangs_when_run)
 
 
 class RightOnlyWhenMeasured:
