@@ -137,7 +137,7 @@ def optimize(
     try:
         placements, alone = _placements(graph, candidates, measurer, usable, graph_level, stats.setdefault("engine_alone", {}))
     except PlacementError as err:  # an operator no backend (not even TVM) could run
-        raise OptimizeError(str(err)) from None
+        raise OptimizeError(_why_unplaced(err, graph, candidates, measurer)) from None
     stats["place_s"] = time.perf_counter() - t
     stats["exact"] = all(p.exact for p in placements.values())
     engines = [b for b in usable if b.kind == GRAPH_LEVEL and b.rules]
@@ -223,6 +223,22 @@ def optimize(
         _vm=kept.vm,
         _params=list(original["main"].params),
     )
+
+
+def _why_unplaced(err: PlacementError, graph, candidates, costs) -> str:
+    """The placement error, then why each backend refused the first operator left without a
+    candidate, and what the user can do, on one line."""
+    if not err.missing:
+        return str(err)
+    node = err.missing[0]
+    refusals = {}
+    for c in sorted(candidates, key=lambda c: len(c.subgraph.nodes)):
+        if node in c.subgraph.nodes and c.backend not in refusals:
+            refusals[c.backend] = costs.cost(c).reason or "valid alone, but no placement could use it"
+    why = "; ".join(f"{b}: {r}" for b, r in refusals.items()) or "no backend has a pattern for it"
+    advice = ("TVM itself cannot run it: replace that operator in the model, or register a backend that runs it"
+              if REFERENCE_BACKEND in refusals else "no backend, TVM included, has a pattern for it: register one that runs it")
+    return f"{err}. {graph[node].op} (node {node}) refused by {why}. {advice}"
 
 
 def _placements(graph, candidates, costs, usable, graph_level: bool, notes: dict) -> tuple[dict[str, Placement], dict[str, str]]:

@@ -37,7 +37,12 @@ from .subgraph import SubGraph
 
 
 class PlacementError(Exception):
-    """No placement exists: some node is covered by no usable candidate."""
+    """No placement exists: some node is covered by no usable candidate (``missing``: their
+    indices, when known)."""
+
+    def __init__(self, message: str, missing: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.missing = missing
 
 
 @dataclass(frozen=True)
@@ -222,5 +227,6 @@ def _check_coverage(graph, usable) -> None:
         shown = ", ".join(f"{node.op} (node {node.index})" for node in missing[:5])
         raise PlacementError(
             f"{len(missing)} operator(s) have no usable candidate on any backend: {shown}"
-            + (", ..." if len(missing) > 5 else "")
+            + (", ..." if len(missing) > 5 else ""),
+            tuple(node.index for node in missing),
         )

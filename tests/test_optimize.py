@@ -249,8 +249,11 @@ def test_an_operator_no_backend_runs_is_named(tmp_path):
                 R.output(z)
             return z
 
-    with pytest.raises(collage.OptimizeError, match=r"no usable candidate on any backend: relax.call_pure_packed \(node 0\)"):
+    with pytest.raises(collage.OptimizeError, match=r"no usable candidate on any backend: relax.call_pure_packed \(node 0\)") as err:
         collage.optimize(Unknown, backends=["tvm"], cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
+    # Why each backend refused it, and what to do, on the same line.
+    assert "refused by tvm: compile failed: " in str(err.value) and "no.such.function" in str(err.value)
+    assert "replace that operator in the model" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_simplification_runs_first_unless_switched_off(tmp_path):
