@@ -485,6 +485,144 @@ class KWSDSCNN(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
+# --------------------------------------------------------------------------- MobileNetV3 / EfficientNet blocks
+
+
+class SqueezeExcite(nn.Module):
+    """Squeeze-and-excitation (Hu et al., 2018): global average pool, 1x1 reduce, activation,
+    1x1 expand, a gate (sigmoid, or MobileNetV3's hard sigmoid) scaling each channel."""
+
+    def __init__(self, c, reduced, act, gate):
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(c, reduced, 1), nn.Conv2d(reduced, c, 1)
+        self.act, self.gate = act(), gate()
+
+    def forward(self, x):
+        s = F.adaptive_avg_pool2d(x, 1)
+        return x * self.gate(self.expand(self.act(self.reduce(s))))
+
+
+class MBConv(nn.Module):
+    """The inverted residual of MobileNetV3 and EfficientNet: 1x1 expand, k x k depthwise,
+    optional squeeze-excitation, 1x1 linear projection, identity shortcut when shapes allow."""
+
+    def __init__(self, cin, cout, kernel, stride, expand, se, act):
+        super().__init__()
+        hidden = cin * expand
+        layers = []
+        if expand != 1:
+            layers += [*conv_bn(cin, hidden, 1, relu=False), act()]
+        layers += [*conv_bn(hidden, hidden, kernel, stride, kernel // 2, groups=hidden, relu=False), act()]
+        if se:
+            gate = nn.Hardsigmoid if act is nn.Hardswish else nn.Sigmoid
+            layers.append(SqueezeExcite(hidden, max(8, cin // 4), nn.ReLU if act is nn.Hardswish else act, gate))
+        layers += conv_bn(hidden, cout, 1, relu=False)
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+# (kernel, expansion, output channels, squeeze-excitation, activation, stride): MobileNetV3-Large's
+# shape with EfficientNet-B0's SiLU stages mixed in, so one model has every activation of both.
+MBCONV_BLOCKS = [
+    (3, 1, 16, False, nn.ReLU, 1), (3, 4, 24, False, nn.ReLU, 2), (3, 3, 24, False, nn.ReLU, 1),
+    (5, 3, 40, True, nn.SiLU, 2), (5, 3, 40, True, nn.SiLU, 1), (3, 6, 80, False, nn.Hardswish, 2),
+    (3, 4, 80, False, nn.Hardswish, 1), (3, 6, 112, True, nn.Hardswish, 1), (5, 6, 160, True, nn.SiLU, 2),
+    (5, 6, 160, True, nn.Hardswish, 1),
+]  # fmt: skip
+
+
+# The test suite's: one block of each kind (ReLU without SE; SiLU with SE; hard-swish with
+# hard-sigmoid SE and the identity shortcut).
+MBCONV_BLOCKS_SMALL = [(3, 4, 24, False, nn.ReLU, 2), (5, 3, 40, True, nn.SiLU, 2), (3, 4, 40, True, nn.Hardswish, 1)]
+
+
+class MBConvNet(nn.Module):
+    """A MobileNetV3/EfficientNet-style classifier: 3x3/2 stem (hard-swish), ten MBConv blocks
+    with squeeze-excitation, SiLU and hard-swish, 1x1 conv to ``head`` (960), pool, linear."""
+
+    def __init__(self, blocks=MBCONV_BLOCKS, head=960, num_classes=1000):
+        super().__init__()
+        layers, cin = [*conv_bn(3, 16, 3, 2, 1, relu=False), nn.Hardswish()], 16
+        for kernel, expand, cout, se, act, stride in blocks:
+            layers.append(MBConv(cin, cout, kernel, stride, expand, se, act))
+            cin = cout
+        layers += [*conv_bn(cin, head, 1, relu=False), nn.Hardswish()]
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(head, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+# --------------------------------------------------------------------------- models written by others
+
+
+class Transformers(nn.Module):
+    """A model of the ``transformers`` library built from a config with random weights
+    (nothing is downloaded), returning its last hidden state: code written by others, as users
+    run it. ``attn_implementation="eager"`` keeps attention as plain ops (SDPA is not exported
+    by every path)."""
+
+    def __init__(self, model: str, config: str, with_mask: bool = False, **settings):
+        super().__init__()
+        import transformers
+
+        self.with_mask = with_mask
+        cfg = getattr(transformers, config)(**settings)
+        cfg._attn_implementation = "eager"
+        if model == "WhisperEncoder":  # the encoder alone, as speech front ends run it
+            from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+            self.model = WhisperEncoder(cfg)
+        else:
+            self.model = getattr(transformers, model)(cfg)
+
+    def forward(self, x):
+        if self.with_mask:  # an all-ones attention mask, as a tokenizer gives it
+            return self.model(x, attention_mask=torch.ones_like(x)).last_hidden_state
+        return self.model(x).last_hidden_state
+
+
+def _transformers(model, config, full, small, **kw):
+    """(build, small build) of a transformers model: ``full`` settings as benchmarked, ``small``
+    ones for the test suite."""
+    return (functools.partial(Transformers, model, config, **kw, **full),
+            functools.partial(Transformers, model, config, **kw, **small))  # fmt: skip
+
+
+# The small configs keep the full vocabularies, so token ids drawn for either build are valid.
+# No key/value cache: a whole sequence in one call. With it, the empty cache is concatenated to
+# the keys (a 1-d tensor with a 4-d one), which torch allows and TVM's torch frontend refuses.
+# Without an attention mask, transformers looks for packed sequences with torch.diff, which
+# ONNX cannot export; a tokenizer's all-ones mask is what users pass anyway.
+GPT2 = _transformers(
+    "GPT2Model", "GPT2Config", dict(use_cache=False), dict(n_layer=2, n_embd=64, n_head=2, n_positions=64, use_cache=False),
+    with_mask=True,
+)  # fmt: skip
+DISTILBERT = _transformers(
+    "DistilBertModel", "DistilBertConfig", {}, dict(n_layers=2, dim=64, n_heads=2, hidden_dim=128)
+)
+T5_ENCODER = _transformers(
+    "T5EncoderModel", "T5Config", dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8),
+    dict(d_model=64, d_ff=128, d_kv=32, num_layers=2, num_heads=2),
+)  # fmt: skip
+VIT = _transformers(
+    "ViTModel", "ViTConfig", {},
+    dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128),
+)  # fmt: skip
+CONVNEXT = _transformers(
+    "ConvNextModel", "ConvNextConfig", {}, dict(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128])
+)
+WHISPER_ENCODER = _transformers(
+    "WhisperEncoder", "WhisperConfig",
+    dict(d_model=384, encoder_layers=4, encoder_attention_heads=6, encoder_ffn_dim=1536),  # whisper-tiny
+    dict(d_model=64, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=128, max_source_positions=50),
+)  # fmt: skip
+
+
 # --------------------------------------------------------------------------- MLP and transformers
 
 
@@ -589,6 +727,7 @@ class ModelSpec:
     dtype: torch.dtype = torch.float32
     description: str = ""
     vocab: int | None = None  # int64 inputs are token ids in [0, vocab)
+    small_build: Callable[[], nn.Module] | None = None  # a reduced config for the test suite, if any
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -613,6 +752,29 @@ MODELS: dict[str, ModelSpec] = {
     ),  # fmt: skip
     "kws_dscnn": ModelSpec(
         KWSDSCNN, (1, 1, 49, 10), (1, 1, 49, 10), description="DS-CNN (S) keyword spotting, 49x10 MFCC"
+    ),
+    "mbconv": ModelSpec(
+        MBConvNet, (1, 3, 224, 224), (1, 3, 64, 64),
+        description="MobileNetV3/EfficientNet-style MBConv net: squeeze-excitation, SiLU, hard-swish",
+        small_build=functools.partial(MBConvNet, MBCONV_BLOCKS_SMALL, head=128),
+    ),  # fmt: skip
+    # Written by others: transformers' models with random weights, full configs (GPT-2 small,
+    # DistilBERT base, ViT-B/16, ConvNeXt-T, whisper-tiny's encoder, T5-small's encoder); the
+    # test suite builds each at a tiny config (``small_build``).
+    "gpt2": ModelSpec(GPT2[0], (1, 64), (1, 16), torch.int64, "GPT-2 (124M), 64 tokens", 50257, GPT2[1]),
+    "distilbert": ModelSpec(
+        DISTILBERT[0], (1, 128), (1, 16), torch.int64, "DistilBERT base, 128 tokens", 30522, DISTILBERT[1]
+    ),
+    "vit": ModelSpec(VIT[0], (1, 3, 224, 224), (1, 3, 32, 32), description="ViT-B/16, 224x224", small_build=VIT[1]),
+    "convnext": ModelSpec(
+        CONVNEXT[0], (1, 3, 224, 224), (1, 3, 64, 64), description="ConvNeXt-T, 224x224", small_build=CONVNEXT[1]
+    ),
+    "whisper_encoder": ModelSpec(
+        WHISPER_ENCODER[0], (1, 80, 3000), (1, 80, 100), description="whisper-tiny's encoder, 30 s of audio",
+        small_build=WHISPER_ENCODER[1],
+    ),  # fmt: skip
+    "t5_encoder": ModelSpec(
+        T5_ENCODER[0], (1, 64), (1, 16), torch.int64, "T5-small's encoder, 64 tokens", 32128, T5_ENCODER[1]
     ),
 }
 # Reduced input sizes (small=True): CNNs at 64x64 except Inception-v3 at 107x107 (its
@@ -661,7 +823,8 @@ class Workload:
         self.name, self.small, self.spec = name, small, MODELS[name]
         self.input_shape = self.spec.small_input if small else self.spec.input
         torch.manual_seed(seed)
-        net = self.spec.build().eval()
+        build = self.spec.small_build if small and self.spec.small_build is not None else self.spec.build
+        net = build().eval()
         _perturb_constant_parameters(net)
         self.inputs = random_inputs(self.spec, self.input_shape, seed)
         if self.spec.dtype.is_floating_point:

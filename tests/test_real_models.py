@@ -1,0 +1,86 @@
+"""Models written by others, through the paths users take, checked against torch.
+
+an MBConv net with squeeze-excitation, SiLU and hard-swish, and transformers' GPT-2 (random
+weights, a tiny config: ``experiments.models``, ``small=True``), one path each:
+- ``torch.export`` to Relax, then ``collage.optimize``;
+- ONNX export to a file, then ``collage optimize`` and ``collage run`` on the command line,
+  and the saved placement rebuilt in Python to compare its outputs with torch's.
+
+Two quick backends (TVM, an op-level library, and ONNX Runtime, an inference engine) keep the
+suite short; ``experiments/bench.py`` runs every backend on the full configs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import collage
+from collage.frontend import load_onnx
+from collage.timing import Timing
+from experiments import models
+
+ROOT = Path(__file__).resolve().parents[1]
+# Each path of each model takes a minute or more (about 400 distinct candidates, mostly TVM
+# compiling each), so the suite runs one path per model: GPT-2 (its causal mask holds -inf)
+# from its ONNX file on the command line, the MBConv net (squeeze-excitation, SiLU,
+# hard-swish) through torch.export. ``python -m experiments.real_models`` runs all seven
+# models of experiments.models written that way both ways, and commits the table
+# (experiments/results/real_models.json).
+TORCH_EXPORT = ["mbconv"]
+ONNX_FILE = ["gpt2"]
+BACKENDS = ["tvm", "onnxruntime"]
+FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.2, budget_s=0.2)
+REL_TOL = 1e-3  # of the largest reference magnitude, as in test_models
+
+
+def assert_close(out, ref, what):
+    err, scale = float(np.abs(out - ref).max()), float(np.abs(ref).max())
+    assert out.shape == ref.shape and err <= REL_TOL * scale, f"{what}: max |diff| {err:.3g} vs {scale:.3g}"
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory) -> Path:
+    # One cost log for both paths: what the first measured, the second reuses.
+    return tmp_path_factory.mktemp("real") / "costs.sqlite"
+
+
+@pytest.mark.parametrize("name", TORCH_EXPORT)
+def test_torch_export_path_matches_torch(name, log):
+    w = models.load(name, small=True)
+    opt = collage.optimize(w.relax, backends=BACKENDS, cost_log=log, timing=FAST, progress=False)
+    out = opt(*[x.numpy() for x in w.inputs])
+    outs = list(out) if isinstance(out, tuple) else [out]
+    for o, r in zip(outs, w.reference()):
+        assert_close(o, r, f"{name}, torch.export path")
+
+
+@pytest.mark.parametrize("name", ONNX_FILE)
+def test_onnx_file_path_optimizes_and_runs_from_the_command_line(name, log, tmp_path):
+    import onnx
+
+    w = models.load(name, small=True)
+    onnx.save(w.onnx, tmp_path / "model.onnx")
+    env = {**os.environ, "COLLAGE_COST_LOG": str(log), "PYTHONPATH": str(ROOT)}
+    for args in (["optimize", "model.onnx", "--quiet"], ["run", "model.onnx"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "collage", *args, "--backends", ",".join(BACKENDS), "--threads", "2"],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "collage placement:" in done.stdout
+        # TVM's C++ log and the libraries' warnings stay off the terminal without --verbose.
+        assert all(line.startswith("collage:") for line in done.stderr.splitlines()), done.stderr
+    rebuilt = collage.load_placement(load_onnx(tmp_path / "model.onnx"), tmp_path / "placement.json",
+                                     cost_log=log, onnx_model=tmp_path / "model.onnx")  # fmt: skip
+    out = rebuilt(*[x.numpy() for x in w.inputs])
+    outs = list(out) if isinstance(out, tuple) else [out]
+    for o, r in zip(outs, w.reference()):
+        assert_close(o, r, f"{name}, ONNX path")
+    # Every partition has a cost, an engine running the file whole too (its time here).
+    assert all(p.cost_ms > 0 for p in rebuilt.placement) and sum(rebuilt.backend_shares().values()) > 0.99
