@@ -164,3 +164,29 @@ def test_a_paired_ratio_cancels_drift_between_rounds():
     ratio, spread = paired_ratio([2.0 * d for d in drift], [1.0 * d for d in drift])
     assert ratio == pytest.approx(2.0) and spread == pytest.approx(0.0)
     assert paired_ratio([1.0, 2.0], [1.0]) == (1.0, 0.0)  # a contender that left after one round
+
+
+def test_a_task_travels_as_text_and_arrays_and_arrives_whole():
+    import pickle
+
+    import numpy as np
+    import tvm_ffi
+
+    from collage.isolation import MeasureTask, weights_out
+
+    w = np.arange(64 * 64, dtype="float32").reshape(64, 64)
+
+    @R.function
+    def f(x: R.Tensor((64, 64), "float32")):
+        with R.dataflow():
+            y = R.add(R.matmul(x, R.const(w)), R.const(0.5, "float32"))
+            R.output(y)
+        return y
+
+    lifted, arrays = weights_out(f)
+    assert len(arrays) == 1 and (arrays[0] == w).all()  # the scalar stays in the text
+    assert len(lifted.params) == 2
+    task = MeasureTask(NUMPY, f, "numpy.chain", "llvm", 0, FAST)
+    arrived = pickle.loads(pickle.dumps(task))
+    assert tvm_ffi.structural_equal(arrived.func, f, map_free_vars=True)
+    assert arrived.backend == NUMPY and arrived.timing == FAST
