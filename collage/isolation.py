@@ -81,9 +81,10 @@ def weights_in(lifted: relax.Function, arrays: list[np.ndarray]) -> relax.Functi
 
 @dataclass(frozen=True)
 class MeasureTask:
-    """One candidate to measure: ``func`` (the extracted sub-graph, sent as TVM's JSON) on
-    ``backend`` by ``pattern``, on inputs drawn with ``seed``, checked against ``reference``
-    (TVM's outputs for the same sub-graph; None when not known yet: the task computes it)."""
+    """One candidate to measure: ``func`` (the extracted sub-graph, sent as TVM's JSON with its
+    weights as arrays beside it) on ``backend`` by ``pattern``, on inputs drawn with ``seed``,
+    checked against ``reference`` (TVM's outputs for the same sub-graph; None when not known
+    yet: the task computes it)."""
 
     backend: Backend
     func: relax.Function
@@ -125,9 +126,9 @@ def measure(task: MeasureTask) -> MeasureResult:
     except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
         return MeasureResult(Cost.invalid(str(err)))
     kernel, reason = compile_kernel(backend, func, task.pattern, task.target)
-    reference = task.reference
     if reason is not None:
         return MeasureResult(Cost.invalid(reason))
+    reference = task.reference
     device = device_for(task.target)
     inputs, outputs = to_tensors(arrays, device), empty_outputs(func, device)
     try:
