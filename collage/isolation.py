@@ -34,6 +34,7 @@ from tvm import relax
 from .backend import REFERENCE_BACKEND, Backend
 from .cost import Cost
 from .runner import compile_kernel, device_for, empty_outputs, first_line, mismatch, random_inputs, run_reference, to_tensors
+from .subgraph import is_tensor_constant
 from .timing import Timing, time_call
 
 # Long enough for the largest candidates of the zoo (an engine compiling a 150-op region takes
@@ -55,10 +56,9 @@ class _WeightsOut(relax.PyExprMutator):
         self.arrays: list[np.ndarray] = []
 
     def visit_generic_const_(self, op):
-        ty = op.ty
-        if not isinstance(ty, relax.TensorType) or ty.shape is None or all(int(d) == 1 for d in ty.shape):
+        if not is_tensor_constant(op):
             return op  # a scalar: it stays in the text
-        self.vars.append(relax.Var(f"collage_weight_{len(self.vars)}", ty))
+        self.vars.append(relax.Var(f"collage_weight_{len(self.vars)}", op.ty))
         self.arrays.append(op.value.numpy())
         return self.vars[-1]
 
@@ -270,21 +270,24 @@ def _read(stream, deadline: float | None = None):
     import cloudpickle
 
     fd = stream.fileno()
-    chunks, need, size = [], 8, None
-    while need:
+    (size,) = struct.unpack("<Q", _read_exactly(fd, 8, deadline))
+    return cloudpickle.loads(_read_exactly(fd, size, deadline))
+
+
+def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
+    """``size`` bytes from ``fd``; _WorkerLost when the other end closes or the deadline passes."""
+    chunks = []
+    while size:
         if deadline is not None:
             ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 raise _WorkerLost(timed_out=True)
-        chunk = os.read(fd, need)
+        chunk = os.read(fd, size)
         if not chunk:
             raise _WorkerLost()
         chunks.append(chunk)
-        need -= len(chunk)
-        if not need and size is None:
-            size = need = struct.unpack("<Q", b"".join(chunks))[0]
-            chunks = []
-    return cloudpickle.loads(b"".join(chunks))
+        size -= len(chunk)
+    return b"".join(chunks)
 
 
 def serve(task_fd: int, result_fd: int, threads: int) -> None:

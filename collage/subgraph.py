@@ -117,7 +117,7 @@ class SubGraph:
         return [
             value
             for value in self.inputs
-            if not isinstance(value, Constant) or (lift_constants and _is_tensor(value))
+            if not isinstance(value, Constant) or (lift_constants and is_tensor_constant(value))
         ]
 
     def extract(self, lift_constants: bool = False) -> relax.Function:
@@ -156,7 +156,8 @@ class SubGraph:
         return f"SubGraph({sorted(self.nodes)})"
 
 
-def _is_tensor(const: Constant) -> bool:
+def is_tensor_constant(const: Constant) -> bool:
+    """A weight, not a scalar: a constant with some axis longer than one."""
     return any(int(d) != 1 for d in const.ty.shape)
 
 
