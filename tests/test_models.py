@@ -11,16 +11,7 @@ import tvm
 from tvm import relax
 
 from experiments import models
-
-REL_TOL = 1e-3
-
-
-def assert_close(out, ref, what):
-    scale = float(np.abs(ref).max())
-    err = float(np.abs(out - ref).max())
-    assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
-    assert err <= REL_TOL * scale, f"{what}: max |diff| {err:.3g} exceeds {REL_TOL} x {scale:.3g}"
-
+from tests.helpers import assert_close
 
 @pytest.fixture(scope="module", params=list(models.MODELS))
 def workload(request):

@@ -1,7 +1,7 @@
 """Models written by others, through the paths users take, checked against torch.
 
-an MBConv net with squeeze-excitation, SiLU and hard-swish, and transformers' GPT-2 (random
-weights, a tiny config: ``experiments.models``, ``small=True``), one path each:
+An MBConv net with squeeze-excitation, SiLU and hard-swish, and transformers' GPT-2 (random
+weights, a tiny config: ``experiments.models``, ``small=True``) go one path each:
 - ``torch.export`` to Relax, then ``collage.optimize``;
 - ONNX export to a file, then ``collage optimize`` and ``collage run`` on the command line,
   and the saved placement rebuilt in Python to compare its outputs with torch's.
@@ -17,13 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import collage
 from collage.frontend import load_onnx
 from collage.timing import Timing
 from experiments import models
+from tests.helpers import assert_close
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each path of each model takes a minute or more (about 400 distinct candidates, mostly TVM
@@ -36,14 +36,6 @@ TORCH_EXPORT = ["mbconv"]
 ONNX_FILE = ["gpt2"]
 BACKENDS = ["tvm", "onnxruntime"]
 FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.2, budget_s=0.2)
-REL_TOL = 1e-3  # of the largest reference magnitude, as in test_models
-
-
-def assert_close(out, ref, what):
-    err, scale = float(np.abs(out - ref).max()), float(np.abs(ref).max())
-    assert out.shape == ref.shape and err <= REL_TOL * scale, f"{what}: max |diff| {err:.3g} vs {scale:.3g}"
-
-
 @pytest.fixture(scope="module")
 def log(tmp_path_factory) -> Path:
     # One cost log for both paths: what the first measured, the second reuses.
