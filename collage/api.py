@@ -38,12 +38,17 @@ from .report import dominant_tvm_ops
 from .runner import build_vm, device_for, first_line, random_inputs, to_tensors
 from .saved import model_hash
 from .simplify import simplify as simplify_module
+from .substitute import DEFAULT_RULES as SUBSTITUTIONS
+from .substitute import SearchResult
+from .substitute import search as search_substitutions
+from .substitute.placement_cost import PlacementCost
 from .timing import Timing
 
 # Names of finalists (placements timed end to end against each other).
 OP_LEVEL_PLACEMENT = "op-level"
 AS_TVM_RUNS_IT = "the whole model on tvm, unplaced"  # nothing to place: checked.as_tvm_runs_it
 KERNELS_ONLY_PLACEMENT = "op-level, kernels only"  # the DP without engine regions: the graph-level search's start
+SUBSTITUTED_PLACEMENT = "op-level, substituted graph"  # the DP over the graph the substitution search found
 
 
 def optimize(
@@ -63,6 +68,9 @@ def optimize(
     budget_s: float = 600.0,
     patience: int = 5,
     runner: MeasureRunner | None = None,
+    substitutions: bool = False,
+    alpha: float = 1.05,
+    substitution_budget_s: float = 120.0,
 ) -> OptimizedModule:
     """Place every operator of ``mod``'s ``main`` on the backend where it runs fastest here.
 
@@ -80,7 +88,11 @@ def optimize(
     ``simplify`` runs ``collage.simplify`` first. ``graph_level`` then refines the op-level
     placement by an evolutionary search over what to hand to an inference engine, measuring
     each placement end to end, for ``budget_s`` seconds or until the best has not improved for
-    ``patience`` generations. The finalists (collage.finalists) are timed against each other
+    ``patience`` generations. ``substitutions`` searches semantics-preserving graph rewrites
+    (``collage.substitute``: parallel operators merged, linear ones folded) jointly with the
+    placement, by MetaFlow's backtracking search relaxed by ``alpha``, for at most
+    ``substitution_budget_s`` seconds; the best graph's placement joins the finalists beside
+    the unsubstituted one. The finalists (collage.finalists) are timed against each other
     and the fastest kept, the simplest among those within noise. Raises ``OptimizeError`` for
     input it cannot handle; a failing backend candidate is excluded with its reason and never
     raises.
@@ -93,6 +105,8 @@ def optimize(
             print(f"collage: {what} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
 
     check_target(target)
+    if substitutions and alpha < 1:
+        raise OptimizeError(f"alpha must be at least 1 (1 keeps only improving substitutions), got {alpha}")
     threads = threads or default_threads()
     pin_threads(threads)
     original = bound_main(mod, params)
@@ -132,6 +146,13 @@ def optimize(
     stats["distinct"] = len({measurer.key(c) for c in candidates})
     stats["measure_s"] = time.perf_counter() - t
 
+    substituted = None
+    if substitutions:
+        t = time.perf_counter()
+        stage("searching graph substitutions")
+        substituted = _search_substitutions(prepared, measurer, usable, alpha, substitution_budget_s, stats)
+        stats["substitute_s"] = time.perf_counter() - t
+
     t = time.perf_counter()
     stage("placing")
     try:
@@ -156,6 +177,10 @@ def optimize(
         # placements of a large model take seconds a call to time).
         if name.endswith(" alone") and finalists[name].fallbacks:
             stats["engine_alone"][engine] = f"{engine} alone fell back to tvm: {finalists.pop(name).fallbacks[0][1]}"
+    if substituted is not None:
+        finalists[SUBSTITUTED_PLACEMENT] = _substituted_finalist(
+            substituted, measurer, usable, expected, arrays, backend_set, target
+        )
     if onnx_model is not None:
         stage("running the ONNX file on each engine")
         finalists.update(_engines_on_file(original, graph, usable, onnx_model, expected, arrays, target, stats))
@@ -197,6 +222,8 @@ def optimize(
         for name, f in finalists.items()
     }
     stats["chosen"] = chosen
+    if chosen == SUBSTITUTED_PLACEMENT:
+        stats["substituted"] = [list(step) for step in substituted.applied]  # how to rebuild its graph
     if note:
         stats["tie"] = note
     kept = finalists[chosen]
@@ -223,6 +250,25 @@ def optimize(
         _vm=kept.vm,
         _params=list(original["main"].params),
     )
+
+
+def _search_substitutions(prepared, measurer, usable, alpha, budget_s, stats) -> SearchResult | None:
+    """The substitution search over ``prepared``, priced by the op-level placement estimate;
+    its result if it found a cheaper graph."""
+    cost = PlacementCost(measurer, usable)
+    result = search_substitutions(prepared, SUBSTITUTIONS, cost, alpha=alpha, budget_s=budget_s)
+    stats["substitutions"] = dict(result.summary(), alpha=alpha, measured_now=cost.measured)
+    return result if result.applied else None
+
+
+def _substituted_finalist(result: SearchResult, measurer, usable, expected, arrays, backend_set, target) -> Finalist:
+    """The best substituted graph placed with every candidate (engine regions included, which
+    the search's estimate leaves out), assembled and checked against the unoptimized module."""
+    graph = dataflow_graph(result.best)
+    candidates = generate(graph, usable)
+    measurer.measure_all(candidates, progress=False)
+    placement = place(graph, candidates, measurer, measurer.transition_ms)
+    return assemble_and_check(graph, placement, expected, arrays, backend_set, target)
 
 
 def _why_unplaced(err: PlacementError, graph, candidates, costs) -> str:

@@ -2,7 +2,8 @@
 the backends, look into the cost log.
 
     collage optimize MODEL.onnx [--target llvm] [--graph-level [--budget 600]] [--threads N]
-                                [--out placement.json] [--draw placement.svg]
+                                [--substitutions [--alpha 1.05]] [--out placement.json]
+                                [--draw placement.svg]
     collage run MODEL.onnx [--placement placement.json]
     collage backends
     collage log stats | show | clear
@@ -80,6 +81,14 @@ def parser() -> argparse.ArgumentParser:
     opt.add_argument(
         "--budget", type=float, metavar="S", help="seconds for the graph-level search (default: optimize's)"
     )
+    opt.add_argument(
+        "--substitutions", action="store_true",
+        help="search graph rewrites (merged parallel operators, folded linear ones) jointly with the placement",
+    )  # fmt: skip
+    opt.add_argument(
+        "--alpha", type=float, metavar="A",
+        help="keep rewritten graphs up to A times the best cost (default: optimize's 1.05; 1 is greedy)",
+    )  # fmt: skip
     opt.add_argument(
         "--out",
         type=Path,
@@ -164,7 +173,7 @@ def optimize_command(args) -> int:
     from .isolation import InProcess
     from .saved import save_placement
 
-    backends, shapes, extra = _backends(args.backends), _shapes(args.shape), _graph_level(args)
+    backends, shapes, extra = _backends(args.backends), _shapes(args.shape), _graph_level(args) | _substitutions(args)
     _check_picture(args.draw)  # before the minutes of optimizing, not after
     mod = load_onnx(args.model, shapes)
     # The file goes along: each inference engine also runs it whole, as its users would.
@@ -238,6 +247,17 @@ def _graph_level(args) -> dict:
             raise UsageError("--budget is the graph-level search's: give --graph-level too")
         return {}
     return {"graph_level": True} | ({"budget_s": args.budget} if args.budget is not None else {})
+
+
+def _substitutions(args) -> dict:
+    """The keyword arguments for ``--substitutions`` and ``--alpha``."""
+    if not args.substitutions:
+        if args.alpha is not None:
+            raise UsageError("--alpha is the substitution search's: give --substitutions too")
+        return {}
+    if args.alpha is not None and args.alpha < 1:
+        raise UsageError(f"--alpha must be at least 1 (1 keeps only improving rewrites), got {args.alpha}")
+    return {"substitutions": True} | ({"alpha": args.alpha} if args.alpha is not None else {})
 
 
 def _check_picture(path: Path | None) -> None:

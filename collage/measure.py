@@ -21,6 +21,7 @@ import sys
 from collections.abc import Iterable
 
 import numpy as np
+import tvm_ffi
 
 from .backend import REFERENCE_BACKEND, BackendSet
 from .candidates import Candidate
@@ -77,7 +78,9 @@ class Measurer:
         self.runner = runner if runner is not None else shared_worker(self.device.threads)
         self.measured = 0
         self._costs: dict[LogKey, Cost] = {}
-        self._references: dict[frozenset[int], list[np.ndarray]] = {}
+        # The reference backend's outputs of each sub-graph function, by its structural hash
+        # (not by node indices: the substitution search measures the candidates of many graphs).
+        self._references: dict[int, list[np.ndarray]] = {}
         self._transitions: dict[str, float] = {}
 
     # -- CostSource --
@@ -150,12 +153,12 @@ class Measurer:
             func = candidate.subgraph.extract()
         except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
             return Cost.invalid(str(err))
-        nodes = candidate.subgraph.nodes
+        function_key = tvm_ffi.structural_hash(func)
         task = MeasureTask(backend, func, candidate.pattern, self.target, self.seed, self.timing,
-                           self._references.get(nodes))
+                           self._references.get(function_key))
         result = self.runner.run(task)
         if result.reference is not None:
-            self._references[nodes] = result.reference
+            self._references[function_key] = result.reference
         return result.cost
 
 

@@ -68,6 +68,23 @@ def graph_level_text(g: dict, alternatives: dict) -> str:
     ])
 
 
+def substitutions_text(found: dict, kept: bool) -> str:
+    """The substitution search in two lines: what it explored and what it found."""
+    rules = ", ".join(f"{rule} x{n}" for rule, n in found["rules_applied"].items()) or "none"
+    failed = "".join(f"; {rule} failed: {why}" for rule, why in found.get("failed", {}).items())
+    return "\n".join([
+        (
+            f"graph substitutions (alpha {found['alpha']}): {found['explored']} graphs expanded, {found['costed']} priced, "
+            f"{found['pruned']} pruned by alpha, {found['measured_now']} candidates measured now, "
+            f"{found['seconds']:.1f} s, stopped: {found['stopped_by']}{failed}"
+        ),
+        (
+            f"  rules applied: {rules}; estimated {found['initial_cost']:.3f} ms -> {found['best_cost']:.3f} ms; "
+            + ("the substituted graph was kept" if kept else "the graph as given was kept")
+        ),
+    ])
+
+
 def _ms(value: float) -> str:
     return f"{value:.3f} ms" if math.isfinite(value) else "- (a kernel never timed alone)"
 
@@ -123,6 +140,8 @@ def format_report(opt) -> str:
         lines.append(f"warning: {warning}")
     if "graph_level" in s:
         lines += ["", graph_level_text(s["graph_level"], alternatives)]
+    if "substitutions" in s:
+        lines += ["", substitutions_text(s["substitutions"], kept="substituted" in s)]
     if s:
         lines.append(
             f"optimization: {s.get('candidates', 0)} candidates ({s.get('distinct', 0)} distinct), "

@@ -2,7 +2,8 @@
 
 ``save_placement`` writes which backend runs which operators, with the model's structural
 hash, so the placement can be used again without measuring. ``load_placement`` binds and
-simplifies the model as ``optimize`` did, checks it is the model the placement was made for,
+simplifies the model as ``optimize`` did (and replays the graph substitutions its placement
+was made over, if any), checks it is the model the placement was made for,
 rebuilds each partition from its node set (any set: the graph-level search hands engines
 regions no generator produced), reads the costs from the cost log and measures none, then
 assembles the module, checks it against the unoptimized one and times it end to end.
@@ -11,7 +12,7 @@ The file is plain JSON::
 
     {"format": "collage-placement", "version": 1,
      "model": {"hash": "fa464a9e5ad929aa", "ops": 5},
-     "target": "llvm", "threads": 2, "simplify": true, "seed": 0,
+     "target": "llvm", "threads": 2, "simplify": true, "seed": 0, "substitutions": [],
      "estimated_ms": 0.005, "measured_ms": 0.006,
      "partitions": [{"backend": "tvm", "pattern": "tvm.fused", "nodes": [0, 1],
                      "ops": ["relax.nn.conv2d", "relax.nn.relu"], "cost_ms": 0.0027}, ...]}
@@ -49,6 +50,8 @@ from .end_to_end import wrong_result
 from .runner import build_vm, device_for, random_inputs, to_tensors
 from .simplify import simplify as simplify_module
 from .subgraph import SubGraph
+from .substitute import DEFAULT_RULES as SUBSTITUTIONS
+from .substitute import Step, replay
 
 FORMAT = "collage-placement"
 VERSION = 1
@@ -83,6 +86,8 @@ def placement_record(opt: OptimizedModule) -> dict:
         "target": opt.target,
         "threads": opt.threads,
         "simplify": opt.simplified is not None,
+        # The substitutions of the graph the partitions index, as (rule, nodes) steps in order.
+        "substitutions": opt.stats.get("substituted", []),
         "seed": opt.stats.get("seed"),  # None when optimize did not record it; any seed rebuilds
         "estimated_ms": _json_number(opt.estimated_ms),
         "measured_ms": _json_number(opt.measured.median_ms),
@@ -187,6 +192,11 @@ def load_placement(
         prepared, report = simplify_module(original, report=True)
     if "unplaced" in record["model"]:
         return _unplaced(original, prepared, record, path, target, threads, seed, cost_log, report, excluded)
+    if record.get("substitutions"):
+        try:
+            prepared = replay(prepared, [Step(rule, tuple(nodes)) for rule, nodes in record["substitutions"]], SUBSTITUTIONS)
+        except (ValueError, TypeError) as err:
+            raise PlacementFileError(f"{path}: its graph substitutions do not fit this model: {err}") from None
     graph = dataflow_graph(prepared)
     _check_model(graph, record, path)
     _check_backends(record, backend_set, excluded, path)

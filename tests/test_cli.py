@@ -171,6 +171,8 @@ MISTAKES = {
     "malformed ONNX": (lambda d: _junk(d / "junk.onnx"), [], ["junk.onnx", "not an ONNX model"]),
     "unsupported operator": (lambda d: write_tiny_model(d / "celu.onnx", "Celu"), [], ["does not support", "Celu"]),
     "unknown backend": (lambda d: d / "tiny.onnx", ["--backends", "tvm,nosuch"], ["unknown backend", "nosuch"]),
+    "alpha without substitutions": (lambda d: d / "tiny.onnx", ["--alpha", "1.2"], ["--alpha", "--substitutions"]),
+    "alpha below 1": (lambda d: d / "tiny.onnx", ["--substitutions", "--alpha", "0.5"], ["--alpha", "at least 1"]),
 }
 
 

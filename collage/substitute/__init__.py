@@ -12,7 +12,7 @@ from .concat_split import CONCAT_OF_SPLIT, ELEMENTWISE_BEFORE_SPLIT, SPLIT_OF_CO
 from .linear import FOLD_CONV_INTO_CONV1X1, FOLD_MATMUL_INTO_MATMUL
 from .parallel import ENLARGE_CONV_KERNEL, MERGE_PARALLEL_CONV2D, MERGE_PARALLEL_MATMUL
 from .rule import ParallelMerge, Rewrite, Substitution
-from .search import SearchResult, graph_key, search
+from .search import GraphCost, SearchResult, Step, graph_key, replay, search
 from .site import Site, apply
 
 DEFAULT_RULES: tuple[Substitution, ...] = (
@@ -30,10 +30,13 @@ __all__ = [
     "DEFAULT_RULES",
     "ParallelMerge",
     "Rewrite",
+    "GraphCost",
     "SearchResult",
+    "Step",
     "Site",
     "Substitution",
     "apply",
     "graph_key",
+    "replay",
     "search",
 ]

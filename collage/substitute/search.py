@@ -25,7 +25,8 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import tvm
 import tvm_ffi
@@ -37,26 +38,35 @@ from .site import apply
 GraphCost = Callable[[tvm.IRModule], float]  # math.inf where the graph cannot run
 
 
+class Step(NamedTuple):
+    """One substitution applied: the rule, and the graph indices of the site it rewrote."""
+
+    rule: str
+    nodes: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class SearchResult:
     best: tvm.IRModule
     best_cost: float
     initial_cost: float
-    applied: tuple[str, ...]  # the rules on the path from the input to ``best``, in order
+    applied: tuple[Step, ...]  # the sites on the path from the input to ``best``, in order
     explored: int  # graphs dequeued and expanded
     costed: int  # distinct graphs whose cost was asked, the input included
     pruned: int  # costed graphs not enqueued: cost at least alpha times the best
     seconds: float
     stopped_by: str  # "exhausted", "time budget" or "graph budget"
+    failed: dict[str, str] = field(default_factory=dict)  # rule -> why applying it failed (its first failure)
 
     def rules_applied(self) -> Counter:
-        return Counter(self.applied)
+        return Counter(rule for rule, _ in self.applied)
 
     def summary(self) -> dict:
         return {
             "rules_applied": dict(self.rules_applied()), "initial_cost": self.initial_cost,
             "best_cost": self.best_cost, "explored": self.explored, "costed": self.costed,
             "pruned": self.pruned, "seconds": self.seconds, "stopped_by": self.stopped_by,
+            "failed": dict(self.failed),
         }  # fmt: skip
 
 
@@ -83,6 +93,7 @@ def search(
     queue = [(initial, next(tie), mod, ())]
     seen = {graph_key(mod)}
     explored = pruned = 0
+    failed: dict[str, str] = {}
     stopped_by = "exhausted"
     while queue and stopped_by == "exhausted":
         _, _, current, path = heapq.heappop(queue)
@@ -95,18 +106,37 @@ def search(
             if len(seen) >= max_graphs:
                 stopped_by = "graph budget"
                 break
-            candidate = apply(graph, site)
+            try:
+                candidate = apply(graph, site)
+            except Exception as err:  # noqa: BLE001 -- a rule that fails on this graph loses that site only
+                failed.setdefault(rule.name, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+                continue
             key = graph_key(candidate)
             if key in seen:
                 continue
             seen.add(key)
             value = cost(candidate)
             if value < best[0]:
-                best = (value, candidate, path + (rule.name,))
+                best = (value, candidate, path + (Step(rule.name, site.nodes),))
             if value < alpha * best[0] and math.isfinite(value):
-                heapq.heappush(queue, (value, next(tie), candidate, path + (rule.name,)))
+                heapq.heappush(queue, (value, next(tie), candidate, path + (Step(rule.name, site.nodes),)))
             else:
                 pruned += 1
     best_cost, best_mod, applied = best
     return SearchResult(best_mod, best_cost, initial, applied, explored, len(seen), pruned,
-                        time.perf_counter() - started, stopped_by)  # fmt: skip
+                        time.perf_counter() - started, stopped_by, failed)  # fmt: skip
+
+
+def replay(mod: tvm.IRModule, steps: Sequence[Step], rules: Sequence[Substitution]) -> tvm.IRModule:
+    """``mod`` with ``steps`` applied in order, as a search found them (a saved placement of a
+    substituted graph is rebuilt this way). Raises ValueError where a step does not fit."""
+    by_name = {rule.name: rule for rule in rules}
+    for rule_name, nodes in steps:
+        if rule_name not in by_name:
+            raise ValueError(f"unknown substitution rule {rule_name!r}")
+        graph = DataflowGraph.from_module(mod)
+        site = next((s for s in by_name[rule_name].sites(graph) if s.nodes == tuple(nodes)), None)
+        if site is None:
+            raise ValueError(f"{rule_name} does not apply at nodes {list(nodes)} of this graph")
+        mod = apply(graph, site)
+    return mod

@@ -1,0 +1,48 @@
+"""The cost the substitution search minimizes: collage's op-level placement estimate of a graph.
+
+This is what makes the search joint (the energy-aware paper's outer and inner search): each
+graph the outer search reaches is priced by the inner one, the DP placement over the measured
+costs of its candidates, transitions between libraries included. A merged convolution that
+is slow on TVM but fast on oneDNN is priced as it would run. Candidates the search creates
+are measured once and logged like every other; a graph's unchanged operators cost nothing
+new, since the cost log knows them.
+
+Engine regions (a whole-graph engine taking many operators) are left out of the search's
+estimate: each graph would need its own engine builds. The best graph found is then placed
+with everything, regions included, as a finalist beside the unsubstituted placement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import tvm
+
+from ..backend import Backend
+from ..candidates import PART_SUFFIX, REGION_SUFFIX, generate
+from ..graph import DataflowGraph
+from ..measure import Measurer
+from ..placement import PlacementError, place
+
+
+class PlacementCost:
+    """``cost(mod)``: the estimated ms of the best op-level placement of ``mod``'s ``main`` on
+    ``backends``, with candidate costs from ``measurer`` (logged, or measured now);
+    ``math.inf`` where some operator has no usable candidate."""
+
+    def __init__(self, measurer: Measurer, backends: Sequence[Backend]):
+        self.measurer = measurer
+        self.backends = list(backends)
+        self.measured = 0  # candidates measured for the search, the log's misses
+
+    def __call__(self, mod: tvm.IRModule) -> float:
+        graph = DataflowGraph.from_module(mod)
+        kernels = [c for c in generate(graph, self.backends) if not c.pattern.endswith((REGION_SUFFIX, PART_SUFFIX))]
+        before = self.measurer.measured
+        self.measurer.measure_all(kernels, progress=False)
+        self.measured += self.measurer.measured - before
+        try:
+            return place(graph, kernels, self.measurer, self.measurer.transition_ms).estimated_ms
+        except PlacementError:
+            return math.inf
