@@ -40,7 +40,7 @@ from .saved import model_hash
 from .simplify import simplify as simplify_module
 from .substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .substitute import SearchResult
-from .substitute import search as search_substitutions
+from .substitute import search_in_pieces as search_substitutions
 from .substitute.placement_cost import PlacementCost
 from .timing import Timing
 

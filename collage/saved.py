@@ -194,7 +194,7 @@ def load_placement(
         return _unplaced(original, prepared, record, path, target, threads, seed, cost_log, report, excluded)
     if record.get("substitutions"):
         try:
-            prepared = replay(prepared, [Step(rule, tuple(nodes)) for rule, nodes in record["substitutions"]], SUBSTITUTIONS)
+            prepared = replay(prepared, [Step(rule, tuple(nodes), k) for rule, nodes, k in record["substitutions"]], SUBSTITUTIONS)
         except (ValueError, TypeError) as err:
             raise PlacementFileError(f"{path}: its graph substitutions do not fit this model: {err}") from None
     graph = dataflow_graph(prepared)

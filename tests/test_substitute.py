@@ -233,7 +233,7 @@ def test_alpha_one_is_greedy():
     assert greedy.best_cost == price(mod) and greedy.applied == () and greedy.explored == 1
     assert greedy.pruned == greedy.costed - 1  # every graph it saw was worse, none expanded
     relaxed = substitute.search(mod, substitute.DEFAULT_RULES, price, alpha=1.25)
-    assert [rule for rule, _ in relaxed.applied[:2]] == ["enlarge_conv_kernel", "merge_parallel_conv2d"]
+    assert [step.rule for step in relaxed.applied[:2]] == ["enlarge_conv_kernel", "merge_parallel_conv2d"]
     assert relaxed.best_cost < price(mod)
     # Where every step improves, greedy goes all the way.
     direct = two_3x3_convs()
@@ -262,3 +262,46 @@ def test_budgets_stop_the_search_with_the_best_so_far():
     assert by_time.stopped_by == "time budget" and by_time.best is mod and by_time.costed == 1
     with pytest.raises(ValueError, match="alpha must be at least 1"):
         substitute.search(mod, substitute.DEFAULT_RULES, price, alpha=0.9)
+
+
+# ---------------------------------------------------------------------------- the split
+
+
+def two_modules(kernels=(1, 3)):
+    """Two Inception-style modules one after the other: each convolves its input with two
+    kernels (bias and ReLU after each) and concatenates the branches."""
+
+    def block(emit, x, channels):
+        branches = []
+        for out, kernel in zip((4, 6), kernels):
+            conv = emit(relax.op.nn.conv2d(x, const(out, channels, kernel, kernel), padding=kernel // 2))
+            branches.append(emit(relax.op.nn.relu(emit(relax.op.add(conv, const(1, out, 1, 1))))))
+        return relax.op.concat(branches, axis=1)
+
+    return module(X, lambda emit, x: block(emit, emit(block(emit, x, 8)), 10))
+
+
+def test_the_cut_lies_where_the_fewest_sites_cross():
+    # Bindings 0-6 and 7-13 are the two modules; the only sites merge convolutions 0 and 3,
+    # and 7 and 10, so points 1-3 and 8-10 each cut one site.
+    graph = DataflowGraph.from_module(two_modules(kernels=(3, 3)))
+    crossing = substitute.split.crossings(graph, substitute.DEFAULT_RULES)
+    assert crossing.tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0]
+    # Of the middle third (points 4-10), the uncut points are 4-7: the middle one is taken.
+    assert substitute.cut_points(graph, substitute.DEFAULT_RULES, threshold=10) == [6]
+    assert substitute.cut_points(graph, substitute.DEFAULT_RULES, threshold=14) == []
+    # Pieces of at most 3 bindings: recursively; where every point of a range's middle third
+    # cuts a site (range 6-12, points 8-10), one site is given up.
+    assert substitute.cut_points(graph, substitute.DEFAULT_RULES, threshold=3) == [2, 4, 6, 9, 12]
+
+
+def test_searching_in_pieces_finds_what_the_whole_search_finds():
+    mod = two_modules()
+    whole = substitute.search(mod, substitute.DEFAULT_RULES, price, alpha=1.25)
+    pieces = substitute.search_in_pieces(mod, substitute.DEFAULT_RULES, price, alpha=1.25, threshold=10, window=2)
+    assert pieces.best_cost == whole.best_cost < price(mod) and not pieces.failed
+    # Its steps are in whole-graph indices: replayed, they rebuild the graph it returned.
+    replayed = substitute.replay(mod, pieces.applied, substitute.DEFAULT_RULES)
+    assert substitute.graph_key(replayed) == substitute.graph_key(pieces.best)
+    arrays = [RNG.standard_normal(X["x"]).astype("float32")]
+    np.testing.assert_allclose(outputs(pieces.best, arrays)[0], outputs(mod, arrays)[0], rtol=1e-4, atol=1e-4)

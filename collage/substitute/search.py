@@ -39,10 +39,22 @@ GraphCost = Callable[[tvm.IRModule], float]  # math.inf where the graph cannot r
 
 
 class Step(NamedTuple):
-    """One substitution applied: the rule, and the graph indices of the site it rewrote."""
+    """One substitution applied: the rule, the graph indices of the site it rewrote, and which
+    of the rule's sites over those nodes it was (a kernel can be enlarged to match either of
+    two siblings), in the order the rule finds them."""
 
     rule: str
     nodes: tuple[int, ...]
+    ordinal: int = 0
+
+
+def steps_of(graph: DataflowGraph, rules: Sequence[Substitution]):
+    """Each (rule, site, step) of ``graph``, rule by rule, in the order the rules find them."""
+    for rule in rules:
+        seen: Counter = Counter()
+        for site in rule.sites(graph):
+            yield rule, site, Step(rule.name, site.nodes, seen[site.nodes])
+            seen[site.nodes] += 1
 
 
 @dataclass(frozen=True)
@@ -99,7 +111,7 @@ def search(
         _, _, current, path = heapq.heappop(queue)
         explored += 1
         graph = DataflowGraph.from_module(current)
-        for rule, site in ((rule, site) for rule in rules for site in rule.sites(graph)):
+        for rule, site, step in steps_of(graph, rules):
             if time.perf_counter() - started > budget_s:
                 stopped_by = "time budget"
                 break
@@ -117,9 +129,9 @@ def search(
             seen.add(key)
             value = cost(candidate)
             if value < best[0]:
-                best = (value, candidate, path + (Step(rule.name, site.nodes),))
+                best = (value, candidate, path + (step,))
             if value < alpha * best[0] and math.isfinite(value):
-                heapq.heappush(queue, (value, next(tie), candidate, path + (Step(rule.name, site.nodes),)))
+                heapq.heappush(queue, (value, next(tie), candidate, path + (step,)))
             else:
                 pruned += 1
     best_cost, best_mod, applied = best
@@ -131,12 +143,13 @@ def replay(mod: tvm.IRModule, steps: Sequence[Step], rules: Sequence[Substitutio
     """``mod`` with ``steps`` applied in order, as a search found them (a saved placement of a
     substituted graph is rebuilt this way). Raises ValueError where a step does not fit."""
     by_name = {rule.name: rule for rule in rules}
-    for rule_name, nodes in steps:
-        if rule_name not in by_name:
-            raise ValueError(f"unknown substitution rule {rule_name!r}")
+    for wanted in steps:
+        wanted = Step(wanted.rule, tuple(wanted.nodes), wanted.ordinal)
+        if wanted.rule not in by_name:
+            raise ValueError(f"unknown substitution rule {wanted.rule!r}")
         graph = DataflowGraph.from_module(mod)
-        site = next((s for s in by_name[rule_name].sites(graph) if s.nodes == tuple(nodes)), None)
+        site = next((site for _, site, step in steps_of(graph, [by_name[wanted.rule]]) if step == wanted), None)
         if site is None:
-            raise ValueError(f"{rule_name} does not apply at nodes {list(nodes)} of this graph")
+            raise ValueError(f"{wanted.rule} does not apply at nodes {list(wanted.nodes)} of this graph")
         mod = apply(graph, site)
     return mod

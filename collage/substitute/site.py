@@ -81,11 +81,18 @@ def apply(graph: DataflowGraph, site: Site) -> tvm.IRModule:
             bindings.append(binding)
     old = graph.func
     body = relax.SeqExpr([relax.DataflowBlock(_in_dependency_order(bindings))], old.body.body)
-    mod = tvm.IRModule({gv.name_hint: f for gv, f in graph.callees.items()})
-    mod["main"] = relax.Function(old.params, body, old.ret_ty, old.is_pure, old.attrs)
+    func = relax.Function(old.params, body, old.ret_ty, old.is_pure, old.attrs)
     # A replacement that returns a variable leaves an alias (``lv = other``): TVM's own pass
     # removes it, as the simplification does.
-    return transform.CanonicalizeBindings()(mod)
+    return transform.CanonicalizeBindings()(module_of(func, graph.callees))
+
+
+def module_of(main: relax.Function, callees: dict) -> tvm.IRModule:
+    """A module of ``main`` and the functions it calls (keyed by the very GlobalVars its calls
+    hold, so that ``call_tir`` still finds its PrimFunc)."""
+    mod = tvm.IRModule(dict(callees))
+    mod["main"] = main
+    return mod
 
 
 def _in_dependency_order(bindings: list[relax.Binding]) -> list[relax.Binding]:
