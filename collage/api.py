@@ -213,7 +213,9 @@ def optimize(
 
     t = time.perf_counter()
     stage(f"timing {len(finalists)} finalist(s) against each other")
-    measured = time_finalists({name: f.vm for name, f in finalists.items()}, arrays, target)
+    timed = time_finalists({name: f.vm for name, f in finalists.items()}, arrays, target)
+    measured = timed.costs
+    stats["finalist_timing"] = {"others_busy_cores": timed.others_busy_cores, "attempts": timed.attempts}
     chosen, note = choose(measured, {name: f.simplicity for name, f in finalists.items()})
     stats["final_timing_s"] = time.perf_counter() - t
     stats["alternatives"] = {
@@ -357,7 +359,7 @@ def _best_engine(engines, alone: dict[str, str], finalists: dict[str, Finalist],
     timed = {e.name: alone[e.name] for e in engines if alone.get(e.name) in finalists}
     if len(set(timed.values())) < 2:
         return next((e for e in engines if e.name in timed), engines[0])
-    times = time_finalists({engine: finalists[name].vm for engine, name in timed.items()}, arrays, target)
+    times = time_finalists({engine: finalists[name].vm for engine, name in timed.items()}, arrays, target).costs
     fastest = min(times, key=lambda e: times[e].median_ms)
     return next(e for e in engines if e.name == fastest)
 

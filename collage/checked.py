@@ -27,7 +27,7 @@ def as_tvm_runs_it(original, prepared, target, threads, seed, log, *, simplified
     module, vm = prepared, build_vm(prepared, target)
     if prepared is not original and wrong_result(vm, to_tensors(arrays, device_for(target)), expected) is not None:
         module, vm = original, build_vm(original, target)
-    measured = time_finalists({"as TVM runs it": vm}, arrays, target)["as TVM runs it"]
+    measured = time_finalists({"as TVM runs it": vm}, arrays, target).costs["as TVM runs it"]
     return OptimizedModule(
         module=module, placement=[], target=target, threads=threads, estimated_ms=math.nan, measured=measured,
         simplified=simplified, stats=stats, excluded=excluded, _assembly=Assembly(module), _vm=vm,

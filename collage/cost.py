@@ -2,7 +2,8 @@
 
 A Cost is a value type with three kinds, as in TVM's Relay Collage (``cost.h``):
 
-- *valid*: a measured median latency in milliseconds, with its spread and sample count;
+- *valid*: a measured median latency in milliseconds, with its spread and sample count, and
+  the energy of one call in millijoules where a meter measured it (``collage.meters``);
 - *invalid*: the candidate cannot be used (it failed to compile, to run, or to match TVM's
   reference); its value is infinite and it carries the reason, so failure is a cost the DP
   never picks rather than an exception;
@@ -38,17 +39,21 @@ class Cost:
     spread_ms: float = 0.0
     samples: int = 0
     reason: str | None = None
+    energy_mj: float | None = None  # per call; None where no meter measured it
 
     @classmethod
-    def of(cls, median_ms: float, spread: float = 0.0, samples: int = 1) -> Cost:
-        """A measured cost: the median of ``samples`` timings and their spread (both in ms)."""
+    def of(cls, median_ms: float, spread: float = 0.0, samples: int = 1, energy_mj: float | None = None) -> Cost:
+        """A measured cost: the median of ``samples`` timings and their spread (both in ms), and
+        the energy of one call (mJ) if it was metered."""
         if not (math.isfinite(median_ms) and median_ms >= 0):
             raise ValueError(f"a valid cost needs a finite, non-negative median, not {median_ms!r}")
         if not (math.isfinite(spread) and spread >= 0):
             raise ValueError(f"spread must be finite and non-negative, not {spread!r}")
         if samples < 0:
             raise ValueError(f"samples must be non-negative, not {samples!r}")
-        return cls(VALID, float(median_ms), float(spread), int(samples))
+        if energy_mj is not None and not (math.isfinite(energy_mj) and energy_mj >= 0):
+            raise ValueError(f"energy must be finite and non-negative, not {energy_mj!r}")
+        return cls(VALID, float(median_ms), float(spread), int(samples), energy_mj=None if energy_mj is None else float(energy_mj))
 
     @classmethod
     def invalid(cls, reason: str) -> Cost:
@@ -88,7 +93,8 @@ class Cost:
         if self.is_unknown or other.is_unknown:
             return Cost.unknown()
         # A sum is not one measurement: spreads add up as a bound, and it has no samples.
-        return Cost(VALID, self.median_ms + other.median_ms, self.spread_ms + other.spread_ms, 0)
+        energy = None if self.energy_mj is None or other.energy_mj is None else self.energy_mj + other.energy_mj
+        return Cost(VALID, self.median_ms + other.median_ms, self.spread_ms + other.spread_ms, 0, energy_mj=energy)
 
     def __radd__(self, other) -> Cost:
         # Lets built-in sum() start from its integer 0.

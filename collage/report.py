@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from .finalists import MAX_OTHERS_BUSY
+
 MAX_OPS_SHOWN = 4
 # A TVM partition taking more than this share of the model's time, untuned, is worth a warning.
 DOMINANT_SHARE = 0.5
@@ -132,6 +134,12 @@ def format_report(opt) -> str:
             lines.append(f"  {name:<30} estimated {estimated:>9} ms, measured {a['measured_ms']:9.3f} ms{spread}{mark}")
         if "tie" in s:
             lines.append(f"  {s['tie']}")
+        busy = s.get("finalist_timing", {}).get("others_busy_cores")
+        if busy is not None and busy > MAX_OTHERS_BUSY:
+            lines.append(
+                f"  warning: other processes kept {busy:.2f} cores busy while these were timed "
+                f"({s['finalist_timing']['attempts']} attempts): the choice may be off; optimize again when the machine is quiet"
+            )
     if "simplify_failed" in s:
         lines.append(f"note: {s['simplify_failed']}")
     for text in (*s.get("engine_blockers", {}).values(), *s.get("engine_alone", {}).values()):

@@ -4,6 +4,7 @@ small), and contenders against each other (``time_contenders``: the project's on
 from __future__ import annotations
 
 import math
+import os
 import random
 import statistics
 import time
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .cost import Cost
+from .meters import EnergyMeter
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,9 @@ class Timing:
     budget_s: float = 2.0
 
 
-def time_call(call: Callable[[], None], timing: Timing = Timing()) -> Cost:
-    """Median and interquartile range, in ms, of one ``call()``."""
+def time_call(call: Callable[[], None], timing: Timing = Timing(), meter: EnergyMeter | None = None) -> Cost:
+    """Median and interquartile range, in ms, of one ``call()``; with a ``meter``, also the
+    energy of one call: the counter's difference over all the timed calls, divided by them."""
     start, calls = time.perf_counter(), 0
     while calls < timing.warmup or time.perf_counter() - start < timing.warmup_s:
         last = time.perf_counter()
@@ -45,13 +48,22 @@ def time_call(call: Callable[[], None], timing: Timing = Timing()) -> Cost:
     once = max(time.perf_counter() - last, 1e-7)  # the last warm call: the warmest estimate
     number = max(1, math.ceil(timing.min_sample_ms / 1e3 / once))
 
+    samples = 0
+
     def sample() -> float:
+        nonlocal samples
+        samples += 1
         t0 = time.perf_counter()
         for _ in range(number):
             call()
         return (time.perf_counter() - t0) * 1e3 / number
 
-    return sample_until_stable(sample, timing)
+    before = meter.read() if meter is not None else None
+    cost = sample_until_stable(sample, timing)
+    if meter is None:
+        return cost
+    energy_mj = meter.joules(before, meter.read()) * 1e3 / (samples * number)
+    return Cost.of(cost.median_ms, cost.spread_ms, cost.samples, energy_mj=energy_mj)
 
 
 def sample_until_stable(sample: Callable[[], float], timing: Timing = Timing()) -> Cost:
@@ -67,6 +79,27 @@ def sample_until_stable(sample: Callable[[], float], timing: Timing = Timing()) 
                 break
     median, spread = median_and_iqr(samples)
     return Cost.of(median, spread=spread, samples=len(samples))
+
+
+def cpu_seconds() -> tuple[float, float, float] | None:
+    """(wall clock, CPU seconds the whole machine has been busy, CPU seconds of this process),
+    or None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
+    except OSError:
+        return None
+    busy_s = (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    return time.perf_counter(), busy_s, time.process_time()
+
+
+def busy_cores_by_others(before, after) -> float | None:
+    """How many cores other processes kept busy on average between two ``cpu_seconds()``:
+    timings are only as trustworthy as this is close to zero."""
+    if before is None or after is None:
+        return None
+    wall_s, machine_s, own_s = (b - a for a, b in zip(before, after))
+    return round(max(machine_s - own_s, 0.0) / wall_s, 2)
 
 
 def median_and_iqr(samples: list[float]) -> tuple[float, float]:

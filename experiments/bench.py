@@ -199,6 +199,8 @@ def measure_model(
             records[peer] = failed_record(f"prepare: {one_line(error)}")
 
     print(f"  {name}: timing {', '.join(prepared)}", flush=True)
+    from collage.timing import busy_cores_by_others, cpu_seconds  # collage loads TVM: only after pin_threads
+
     before = cpu_seconds()
     timed, run_errors = time_peers(prepared, settings)
     entry["meta"]["busy_cores_by_others"] = busy_cores_by_others(before, cpu_seconds())
@@ -232,27 +234,6 @@ def metadata(settings: Settings) -> dict:
         "python": platform.python_version(),
         "versions": versions,
     }
-
-
-def cpu_seconds() -> tuple[float, float, float] | None:
-    """(wall clock, CPU seconds the whole machine has been busy, CPU seconds of this process),
-    or None where there is no /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
-    except OSError:
-        return None
-    busy_s = (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-    return time.perf_counter(), busy_s, time.process_time()
-
-
-def busy_cores_by_others(before, after) -> float | None:
-    """How many cores other processes kept busy on average between two ``cpu_seconds()``:
-    the timings are only as trustworthy as this is close to zero."""
-    if before is None or after is None:
-        return None
-    wall_s, machine_s, own_s = (b - a for a, b in zip(before, after))
-    return round(max(machine_s - own_s, 0.0) / wall_s, 2)
 
 
 # --------------------------------------------------------------------------- results file
