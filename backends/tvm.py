@@ -39,13 +39,13 @@ class Kernel:
         for src, dst in zip(result if self.returns_tuple else [result], tensors[self.num_inputs :]):
             src.copyto(dst)
 
-    def time_ms(self, inputs, timing):
+    def time_ms(self, inputs, timing, meter=None):
         from collage.timing import sample_until_stable
 
         once = self.vm.time_evaluator("main", self.device, number=1, repeat=max(timing.warmup, 1))(*inputs)
         number = max(1, math.ceil(timing.min_sample_ms / 1e3 / max(once.min, 1e-7)))
         evaluator = self.vm.time_evaluator("main", self.device, number=number, repeat=1)
-        return sample_until_stable(lambda: evaluator(*inputs).mean * 1e3, timing)
+        return sample_until_stable(lambda: evaluator(*inputs).mean * 1e3, timing, meter, calls_per_sample=number)
 
 
 def compile(func: relax.Function, pattern: str, target: str) -> Kernel:

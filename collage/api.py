@@ -29,6 +29,7 @@ from .engine_alone import EngineAloneFailed, blockers, blockers_text, from_onnx_
 from .finalists import Finalist, choose, time_finalists
 from .isolation import MeasureRunner
 from .measure import Measurer, default_threads, pin_threads
+from .meters import EnergyMeter, NoEnergyMeter, energy_meter
 from .optimized import OptimizedModule, OptimizeError
 from .placement import Partition, Placement, PlacementError, place
 from .prepare import backend_set as make_backend_set
@@ -41,6 +42,7 @@ from .simplify import simplify as simplify_module
 from .substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .substitute import SearchResult
 from .substitute import search_in_pieces as search_substitutions
+from .substitute.objective import Objective
 from .substitute.placement_cost import PlacementCost
 from .timing import Timing
 
@@ -71,6 +73,8 @@ def optimize(
     substitutions: bool = False,
     alpha: float = 1.05,
     substitution_budget_s: float = 120.0,
+    objective: str | Objective = "time",
+    meter: EnergyMeter | None = None,
 ) -> OptimizedModule:
     """Place every operator of ``mod``'s ``main`` on the backend where it runs fastest here.
 
@@ -92,7 +96,11 @@ def optimize(
     (``collage.substitute``: parallel operators merged, linear ones folded) jointly with the
     placement, by MetaFlow's backtracking search relaxed by ``alpha``, for at most
     ``substitution_budget_s`` seconds; the best graph's placement joins the finalists beside
-    the unsubstituted one. The finalists (collage.finalists) are timed against each other
+    the unsubstituted one. The search minimizes ``objective``: "time", "energy", "power" or
+    a weighted sum ("0.5*time+0.5*energy", ``substitute.Objective``); energy is read from
+    ``meter``, by default this machine's (``collage.meters``: RAPL, NVML), and an objective
+    that needs energy where there is no meter is an ``OptimizeError`` saying why. The
+    finalists are compared end to end by time. The finalists (collage.finalists) are timed against each other
     and the fastest kept, the simplest among those within noise. Raises ``OptimizeError`` for
     input it cannot handle; a failing backend candidate is excluded with its reason and never
     raises.
@@ -107,6 +115,7 @@ def optimize(
     check_target(target)
     if substitutions and alpha < 1:
         raise OptimizeError(f"alpha must be at least 1 (1 keeps only improving substitutions), got {alpha}")
+    objective, meter = _objective_and_meter(objective, meter, substitutions, target)
     threads = threads or default_threads()
     pin_threads(threads)
     original = bound_main(mod, params)
@@ -140,7 +149,7 @@ def optimize(
     stats["generate_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    measurer = Measurer(BackendSet(usable), target, threads, log, timing, seed=seed, runner=runner)
+    measurer = Measurer(BackendSet(usable), target, threads, log, timing, seed=seed, runner=runner, meter=meter)
     measurer.measure_all(candidates, progress=progress)
     stats["measured"] = measurer.measured
     stats["distinct"] = len({measurer.key(c) for c in candidates})
@@ -150,7 +159,7 @@ def optimize(
     if substitutions:
         t = time.perf_counter()
         stage("searching graph substitutions")
-        substituted = _search_substitutions(prepared, measurer, usable, alpha, substitution_budget_s, stats)
+        substituted = _search_substitutions(prepared, measurer, usable, alpha, substitution_budget_s, objective, stats)
         stats["substitute_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -254,12 +263,30 @@ def optimize(
     )
 
 
-def _search_substitutions(prepared, measurer, usable, alpha, budget_s, stats) -> SearchResult | None:
-    """The substitution search over ``prepared``, priced by the op-level placement estimate;
-    its result if it found a cheaper graph."""
-    cost = PlacementCost(measurer, usable)
+def _objective_and_meter(objective, meter, substitutions: bool, target: str):
+    """The parsed objective, and the energy meter it needs (None for time alone)."""
+    try:
+        objective = Objective.parse(objective)
+    except ValueError as err:
+        raise OptimizeError(str(err)) from None
+    if objective.is_time:
+        return objective, None
+    if not substitutions:
+        raise OptimizeError(f"objective {objective} steers the substitution search: pass substitutions=True too")
+    if meter is None:
+        try:
+            meter = energy_meter(target)
+        except NoEnergyMeter as err:
+            raise OptimizeError(f"objective {objective} needs an energy meter, and this machine has none: {err}") from None
+    return objective, meter
+
+
+def _search_substitutions(prepared, measurer, usable, alpha, budget_s, objective, stats) -> SearchResult | None:
+    """The substitution search over ``prepared``, priced by the op-level placement under
+    ``objective``; its result if it found a cheaper graph."""
+    cost = PlacementCost(measurer, usable, objective)
     result = search_substitutions(prepared, SUBSTITUTIONS, cost, alpha=alpha, budget_s=budget_s)
-    stats["substitutions"] = dict(result.summary(), alpha=alpha, measured_now=cost.measured)
+    stats["substitutions"] = dict(result.summary(), alpha=alpha, objective=str(objective), measured_now=cost.measured)
     return result if result.applied else None
 
 

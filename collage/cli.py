@@ -2,7 +2,8 @@
 the backends, look into the cost log.
 
     collage optimize MODEL.onnx [--target llvm] [--graph-level [--budget 600]] [--threads N]
-                                [--substitutions [--alpha 1.05]] [--out placement.json]
+                                [--substitutions [--alpha 1.05] [--objective time]]
+                                [--out placement.json]
                                 [--draw placement.svg]
     collage run MODEL.onnx [--placement placement.json]
     collage backends
@@ -88,6 +89,10 @@ def parser() -> argparse.ArgumentParser:
     opt.add_argument(
         "--alpha", type=float, metavar="A",
         help="keep rewritten graphs up to A times the best cost (default: optimize's 1.05; 1 is greedy)",
+    )  # fmt: skip
+    opt.add_argument(
+        "--objective", metavar="OBJ",
+        help="what the substitution search minimizes: time (default), energy, power or e.g. 0.5*time+0.5*energy",
     )  # fmt: skip
     opt.add_argument(
         "--out",
@@ -250,14 +255,16 @@ def _graph_level(args) -> dict:
 
 
 def _substitutions(args) -> dict:
-    """The keyword arguments for ``--substitutions`` and ``--alpha``."""
+    """The keyword arguments for ``--substitutions``, ``--alpha`` and ``--objective``."""
     if not args.substitutions:
-        if args.alpha is not None:
-            raise UsageError("--alpha is the substitution search's: give --substitutions too")
+        for option in ("alpha", "objective"):
+            if getattr(args, option) is not None:
+                raise UsageError(f"--{option} is the substitution search's: give --substitutions too")
         return {}
     if args.alpha is not None and args.alpha < 1:
         raise UsageError(f"--alpha must be at least 1 (1 keeps only improving rewrites), got {args.alpha}")
-    return {"substitutions": True} | ({"alpha": args.alpha} if args.alpha is not None else {})
+    given = {"alpha": args.alpha, "objective": args.objective}
+    return {"substitutions": True} | {k: v for k, v in given.items() if v is not None}
 
 
 def _check_picture(path: Path | None) -> None:

@@ -2,7 +2,7 @@
 
 One row per (backend, library version, structural key, device, threads, precision,
 pattern), holding the median, spread and sample count, when it was measured, and the
-failure reason for an invalid cost. Rows are plain values that ``sqlite3`` can show; no
+failure reason for an invalid cost; and the energy of one call where a meter measured it. Rows are plain values that ``sqlite3`` can show; no
 pickled objects. The file is in WAL mode with a busy timeout, so several processes
 optimizing at once read while one writes and wait for each other instead of failing.
 
@@ -49,6 +49,7 @@ _MEASUREMENT_COLUMNS = """
     samples     INTEGER,
     measured_at TEXT NOT NULL,
     failure     TEXT,
+    energy_mj   REAL,
     CHECK ((failure IS NULL) = (median_ms IS NOT NULL)),"""
 
 _SCHEMA = f"""
@@ -155,6 +156,7 @@ class Row(NamedTuple):
     samples: int | None
     measured_at: str
     failure: str | None
+    energy_mj: float | None = None  # per call, where a meter measured it
 
 
 def default_path() -> Path:
@@ -186,6 +188,17 @@ class CostLog:
         if cost.is_unknown:
             raise ValueError(f"an unknown cost is not a measurement; not logging it for {key}")
         return self._put(TABLE, _KEY_COLUMNS, key.values(), cost)
+
+    def add_energy(self, key: LogKey, energy_mj: float) -> Cost | None:
+        """Fill in the energy of a cost logged without one (measured before a meter was used);
+        energy already there stays (first writer wins). Returns the logged cost."""
+        where = " AND ".join(f"{c} = ?" for c in _KEY_COLUMNS)
+        with self._connection() as conn:
+            conn.execute(
+                f"UPDATE {TABLE} SET energy_mj = ? WHERE {where} AND energy_mj IS NULL AND failure IS NULL",
+                (energy_mj, *key.values()),
+            )
+            return _select_cost(conn, TABLE, _KEY_COLUMNS, key.values())
 
     def get_reference(self, model: str) -> list[np.ndarray] | None:
         """The outputs saved for ``model`` (a key naming the module, inputs and target), or None."""
@@ -225,13 +238,13 @@ class CostLog:
         """Insert the row unless its key is there (the first writer wins); the stored cost."""
         measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if cost.is_valid:
-            measurement = (cost.median_ms, cost.spread_ms, cost.samples, None)
+            measurement = (cost.median_ms, cost.spread_ms, cost.samples, None, cost.energy_mj)
         else:
-            measurement = (None, None, None, cost.reason)
+            measurement = (None, None, None, cost.reason, None)
         with self._connection() as conn:
             conn.execute(
                 f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}, median_ms, spread_ms, samples, failure, "
-                f"measured_at) VALUES ({', '.join('?' * (len(columns) + 5))})",
+                f"energy_mj, measured_at) VALUES ({', '.join('?' * (len(columns) + 6))})",
                 (*values, *measurement, measured_at),
             )
             return _select_cost(conn, table, columns, values)
@@ -355,6 +368,10 @@ class CostLog:
             )
         conn.execute(_REFERENCES)  # added to version 1 later: old logs get them on opening
         conn.execute(_PLACEMENTS)
+        for table in (TABLE, PLACEMENTS):  # energy came later too: old logs get the column
+            columns = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+            if "energy_mj" not in columns:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN energy_mj REAL")
 
 
 def _owner() -> tuple[int, int]:
@@ -364,11 +381,13 @@ def _owner() -> tuple[int, int]:
 
 def _select_cost(conn: sqlite3.Connection, table: str, columns: tuple[str, ...], values: tuple) -> Cost | None:
     where = " AND ".join(f"{c} = ?" for c in columns)
-    row = conn.execute(f"SELECT median_ms, spread_ms, samples, failure FROM {table} WHERE {where}", values).fetchone()
+    row = conn.execute(
+        f"SELECT median_ms, spread_ms, samples, failure, energy_mj FROM {table} WHERE {where}", values
+    ).fetchone()
     return None if row is None else _cost_from_row(*row)
 
 
-def _cost_from_row(median_ms, spread_ms, samples, failure) -> Cost:
+def _cost_from_row(median_ms, spread_ms, samples, failure, energy_mj=None) -> Cost:
     if failure is not None:
         return Cost.invalid(failure)
-    return Cost.of(median_ms, spread=spread_ms, samples=samples)
+    return Cost.of(median_ms, spread=spread_ms, samples=samples, energy_mj=energy_mj)

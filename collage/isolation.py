@@ -35,6 +35,7 @@ from .backend import REFERENCE_BACKEND, Backend
 from .cost import Cost
 from .runner import compile_kernel, device_for, empty_outputs, first_line, mismatch, random_inputs, run_reference, to_tensors
 from .subgraph import is_tensor_constant
+from .meters import EnergyMeter
 from .timing import Timing, time_call
 
 # Long enough for the largest candidates of the zoo (an engine compiling a 150-op region takes
@@ -93,15 +94,16 @@ class MeasureTask:
     seed: int
     timing: Timing
     reference: list[np.ndarray] | None = None
+    meter: EnergyMeter | None = None  # also measure each call's energy (collage.meters)
 
     def __reduce__(self):
         # The function as TVM's JSON, its weights as arrays beside it.
         return _task, (self.backend, *weights_out(self.func), self.pattern, self.target, self.seed, self.timing,
-                       self.reference)  # fmt: skip
+                       self.reference, self.meter)  # fmt: skip
 
 
-def _task(backend, lifted, weights, pattern, target, seed, timing, reference) -> MeasureTask:
-    return MeasureTask(backend, weights_in(lifted, weights), pattern, target, seed, timing, reference)
+def _task(backend, lifted, weights, pattern, target, seed, timing, reference, meter) -> MeasureTask:
+    return MeasureTask(backend, weights_in(lifted, weights), pattern, target, seed, timing, reference, meter)
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,8 @@ def measure(task: MeasureTask) -> MeasureResult:
             return MeasureResult(Cost.invalid(f"wrong result: {problem}"), found)
         timer = getattr(kernel, "time_ms", None)
         if timer is not None:  # a kernel that can time itself without Python's overhead
-            return MeasureResult(timer(inputs, task.timing), found)
-        return MeasureResult(time_call(lambda: kernel(*inputs, *outputs), task.timing), found)
+            return MeasureResult(timer(inputs, task.timing, task.meter), found)
+        return MeasureResult(time_call(lambda: kernel(*inputs, *outputs), task.timing, task.meter), found)
     except Exception as err:
         return MeasureResult(Cost.invalid(f"run failed: {type(err).__name__}: {first_line(err)}"))
 

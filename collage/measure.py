@@ -28,6 +28,7 @@ from .candidates import Candidate
 from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
 from .isolation import MeasureRunner, MeasureTask, shared_worker
+from .meters import EnergyMeter
 from .timing import Timing
 from .transition import measure_transition
 
@@ -67,6 +68,7 @@ class Measurer:
         precision: str = "float32",
         seed: int = 0,
         runner: MeasureRunner | None = None,
+        meter: EnergyMeter | None = None,
     ):
         self.backends = backends
         self.target = target
@@ -76,6 +78,7 @@ class Measurer:
         self.precision = precision
         self.seed = seed
         self.runner = runner if runner is not None else shared_worker(self.device.threads)
+        self.meter = meter  # with a meter, every cost has the energy of a call too
         self.measured = 0
         self._costs: dict[LogKey, Cost] = {}
         # The reference backend's outputs of each sub-graph function, by its structural hash
@@ -91,6 +94,11 @@ class Measurer:
         if cost is None:
             cost = self.log.put(key, self.measure(candidate))
             self.measured += 1
+        elif self._lacks_energy(cost):  # logged before a meter was used: measured again, for it
+            again = self.measure(candidate)
+            self.measured += 1
+            if again.is_valid and again.energy_mj is not None:
+                cost = self.log.add_energy(key, again.energy_mj)
         self._costs[key] = cost
         return cost
 
@@ -126,7 +134,7 @@ class Measurer:
                 if key in todo or key in self._costs:
                     continue
                 cost = self.log.get(key)
-                if cost is None:
+                if cost is None or self._lacks_energy(cost):
                     todo[key] = c
                 else:
                     self._costs[key] = cost
@@ -140,6 +148,9 @@ class Measurer:
         for c in tqdm(todo, desc="measuring", unit="candidate", disable=not progress or not todo,
                       file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5):
             self.cost(c)
+
+    def _lacks_energy(self, cost: Cost) -> bool:
+        return self.meter is not None and cost.is_valid and cost.energy_mj is None
 
     # -- one measurement --
 
@@ -155,7 +166,7 @@ class Measurer:
             return Cost.invalid(str(err))
         function_key = tvm_ffi.structural_hash(func)
         task = MeasureTask(backend, func, candidate.pattern, self.target, self.seed, self.timing,
-                           self._references.get(function_key))
+                           self._references.get(function_key), self.meter)
         result = self.runner.run(task)
         if result.reference is not None:
             self._references[function_key] = result.reference

@@ -76,15 +76,23 @@ def substitutions_text(found: dict, kept: bool) -> str:
     failed = "".join(f"; {rule} failed: {why}" for rule, why in found.get("failed", {}).items())
     return "\n".join([
         (
-            f"graph substitutions (alpha {found['alpha']}): {found['explored']} graphs expanded, {found['costed']} priced, "
+            f"graph substitutions (alpha {found['alpha']}, objective {found.get('objective', 'time')}): {found['explored']} graphs expanded, {found['costed']} priced, "
             f"{found['pruned']} pruned by alpha, {found['measured_now']} candidates measured now, "
             f"{found['seconds']:.1f} s, stopped: {found['stopped_by']}{failed}"
         ),
         (
-            f"  rules applied: {rules}; estimated {found['initial_cost']:.3f} ms -> {found['best_cost']:.3f} ms; "
+            f"  rules applied: {rules}; {_objective_text(found)}; "
             + ("the substituted graph was kept" if kept else "the graph as given was kept")
         ),
     ])
+
+
+def _objective_text(found: dict) -> str:
+    """The search's estimate before and after: ms for time, else the objective relative to the
+    graph as given (1.0)."""
+    if found.get("objective", "time") == "time":
+        return f"estimated {found['initial_cost']:.3f} ms -> {found['best_cost']:.3f} ms"
+    return f"{found['objective']} (the graph as given = 1): {found['initial_cost']:.3f} -> {found['best_cost']:.3f}"
 
 
 def _ms(value: float) -> str:

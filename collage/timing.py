@@ -48,28 +48,23 @@ def time_call(call: Callable[[], None], timing: Timing = Timing(), meter: Energy
     once = max(time.perf_counter() - last, 1e-7)  # the last warm call: the warmest estimate
     number = max(1, math.ceil(timing.min_sample_ms / 1e3 / once))
 
-    samples = 0
-
     def sample() -> float:
-        nonlocal samples
-        samples += 1
         t0 = time.perf_counter()
         for _ in range(number):
             call()
         return (time.perf_counter() - t0) * 1e3 / number
 
-    before = meter.read() if meter is not None else None
-    cost = sample_until_stable(sample, timing)
-    if meter is None:
-        return cost
-    energy_mj = meter.joules(before, meter.read()) * 1e3 / (samples * number)
-    return Cost.of(cost.median_ms, cost.spread_ms, cost.samples, energy_mj=energy_mj)
+    return sample_until_stable(sample, timing, meter, calls_per_sample=number)
 
 
-def sample_until_stable(sample: Callable[[], float], timing: Timing = Timing()) -> Cost:
+def sample_until_stable(
+    sample: Callable[[], float], timing: Timing = Timing(), meter: EnergyMeter | None = None, calls_per_sample: int = 1
+) -> Cost:
     """Take samples (each ``sample()`` returns ms per call) as ``timing`` says; warm-up is the
-    caller's."""
+    caller's. With a ``meter``, also the energy of one call: the counter's difference over all
+    the samples, divided by the calls they made (``calls_per_sample`` each)."""
     deadline = time.perf_counter() + timing.budget_s
+    before = meter.read() if meter is not None else None
     samples: list[float] = []
     while len(samples) < timing.max_samples:
         samples.append(sample())
@@ -78,7 +73,8 @@ def sample_until_stable(sample: Callable[[], float], timing: Timing = Timing()) 
             if spread <= timing.rel_spread * median or time.perf_counter() > deadline:
                 break
     median, spread = median_and_iqr(samples)
-    return Cost.of(median, spread=spread, samples=len(samples))
+    energy_mj = None if meter is None else meter.joules(before, meter.read()) * 1e3 / (len(samples) * calls_per_sample)
+    return Cost.of(median, spread=spread, samples=len(samples), energy_mj=energy_mj)
 
 
 def cpu_seconds() -> tuple[float, float, float] | None:

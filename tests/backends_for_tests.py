@@ -1,6 +1,6 @@
 """Small NumPy backends for testing the measurer and optimize: one that is right, and ones
 that fail in each way a real library can (compile error, run error, wrong values, a crash of
-the whole process, a hang)."""
+the whole process, a hang); and a test-only energy meter."""
 
 from __future__ import annotations
 
@@ -128,3 +128,18 @@ class CompilesOnlyOnce:
             raise RuntimeError("license expired")
         self.seen.add(text)
         return compile_elementwise(func, pattern, target)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClockMeter:
+    """A test-only energy meter: a machine drawing ``watts`` whatever runs, so a call's energy
+    is its wall time times ``watts``. It tests the energy path; it measures nothing real."""
+
+    watts: float = 50.0
+    name: str = "test clock"
+
+    def read(self) -> tuple[float, ...]:
+        return (time.perf_counter(),)
+
+    def joules(self, before, after) -> float:
+        return (after[0] - before[0]) * self.watts

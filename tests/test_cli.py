@@ -173,6 +173,8 @@ MISTAKES = {
     "unknown backend": (lambda d: d / "tiny.onnx", ["--backends", "tvm,nosuch"], ["unknown backend", "nosuch"]),
     "alpha without substitutions": (lambda d: d / "tiny.onnx", ["--alpha", "1.2"], ["--alpha", "--substitutions"]),
     "alpha below 1": (lambda d: d / "tiny.onnx", ["--substitutions", "--alpha", "0.5"], ["--alpha", "at least 1"]),
+    "objective without substitutions": (lambda d: d / "tiny.onnx", ["--objective", "energy"], ["--objective", "--substitutions"]),
+    "unknown objective": (lambda d: d / "tiny.onnx", ["--substitutions", "--objective", "speed"], ["objective 'speed'"]),
 }
 
 

@@ -24,16 +24,24 @@ from ..candidates import PART_SUFFIX, REGION_SUFFIX, generate
 from ..graph import DataflowGraph
 from ..measure import Measurer
 from ..placement import PlacementError, place
+from .objective import Objective, WeightedCosts
 
 
 class PlacementCost:
-    """``cost(mod)``: the estimated ms of the best op-level placement of ``mod``'s ``main`` on
-    ``backends``, with candidate costs from ``measurer`` (logged, or measured now);
-    ``math.inf`` where some operator has no usable candidate."""
+    """``cost(mod)``: what the best op-level placement of ``mod``'s ``main`` on ``backends``
+    costs under ``objective`` (``collage.substitute.objective``): its estimated ms for time
+    alone, else the weighted metrics relative to the first graph priced (the graph as given,
+    which the search prices first). Candidate costs come from ``measurer`` (logged, or
+    measured now; with energy where the objective needs it); ``math.inf`` where some operator
+    has no usable candidate."""
 
-    def __init__(self, measurer: Measurer, backends: Sequence[Backend]):
+    def __init__(self, measurer: Measurer, backends: Sequence[Backend], objective: Objective = Objective()):
+        if not objective.is_time and measurer.meter is None:
+            raise ValueError(f"objective {objective} needs energy: give the measurer an energy meter")
         self.measurer = measurer
         self.backends = list(backends)
+        self.objective = objective
+        self.reference: tuple[float, float] | None = None  # (ms, mJ) of the graph as given
         self.measured = 0  # candidates measured for the search, the log's misses
 
     def __call__(self, mod: tvm.IRModule) -> float:
@@ -43,6 +51,18 @@ class PlacementCost:
         self.measurer.measure_all(kernels, progress=False)
         self.measured += self.measurer.measured - before
         try:
-            return place(graph, kernels, self.measurer, self.measurer.transition_ms).estimated_ms
+            if self.objective.is_time:
+                return place(graph, kernels, self.measurer, self.measurer.transition_ms).estimated_ms
+            if self.reference is None:  # the graph as given, placed for time: the unit of each metric
+                self.reference = self._metrics(place(graph, kernels, self.measurer, self.measurer.transition_ms))
+            weighted = WeightedCosts(self.measurer, self.objective, self.reference)
+            placement = place(graph, kernels, weighted, weighted.transition_ms)
         except PlacementError:
             return math.inf
+        return self.objective.value(*self._metrics(placement), self.reference)
+
+    def _metrics(self, placement) -> tuple[float, float]:
+        """(ms, mJ) of a placement: its candidates' measured time and energy, transitions in time."""
+        costs = [self.measurer.cost(p.candidate) for p in placement]
+        time_ms = sum(c.median_ms for c in costs) + sum(self.measurer.transition_ms(p.backend) for p in placement)
+        return time_ms, sum(c.energy_mj for c in costs)

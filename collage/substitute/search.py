@@ -71,7 +71,7 @@ class SearchResult:
     failed: dict[str, str] = field(default_factory=dict)  # rule -> why applying it failed (its first failure)
 
     def rules_applied(self) -> Counter:
-        return Counter(rule for rule, _ in self.applied)
+        return Counter(step.rule for step in self.applied)
 
     def summary(self) -> dict:
         return {
