@@ -85,26 +85,30 @@ def search_in_pieces(
     window: int = WINDOW,
 ) -> SearchResult:
     """``search`` for a graph of any size: whole when it has at most ``threshold`` bindings,
-    else piece by piece, then around each cut. Four fifths of the time budget go to the
-    pieces, shared by their size, the rest to the windows; the result is never costlier than
-    ``mod`` under ``cost``."""
+    else piece by piece, then around each cut. The whole graph is priced before and after;
+    of the time budget left between, three quarters go to the pieces, shared by their size,
+    the rest to the windows. The result is never costlier than ``mod`` under ``cost``."""
     graph = DataflowGraph.from_module(mod)
     points = cut_points(graph, rules, threshold)
     if not points:
         return search(mod, rules, cost, alpha, budget_s, max_graphs)
     started = time.perf_counter()
+    initial = cost(mod)
+    # Pricing the substituted graph at the end takes about as long as pricing it now did.
+    deadline = started + budget_s - 1.5 * (time.perf_counter() - started)
     ranges = [range(a, b) for a, b in zip([0, *points], [*points, len(graph)])]
-    results, steps, substituted, ranges = _search_ranges(mod, ranges, rules, cost, alpha, budget_s * 0.8, max_graphs)
+    share = 0.75 * max(deadline - time.perf_counter(), 0.0)
+    results, steps, substituted, ranges = _search_ranges(mod, ranges, rules, cost, alpha, share, max_graphs)
     windows = [range(max(r.start - window, prev.start), min(r.start + window, r.stop)) for prev, r in zip(ranges, ranges[1:])]
-    left = max(budget_s - (time.perf_counter() - started), 0.0)
+    left = max(deadline - time.perf_counter(), 0.0)
     around, more, substituted, _ = _search_ranges(substituted, _disjoint(windows), rules, cost, alpha, left, max_graphs)
     results, steps = results + around, steps + more
-    initial, final = cost(mod), cost(substituted)
+    final = cost(substituted) if steps else initial
     if not final < initial:  # the pieces' estimates did not add up to a gain for the whole
         substituted, steps, final = mod, [], initial
     return SearchResult(
         substituted, final, initial, tuple(steps),
-        explored=sum(r.explored for r in results), costed=sum(r.costed for r in results) + 2,
+        explored=sum(r.explored for r in results), costed=sum(r.costed for r in results) + (2 if steps else 1),
         pruned=sum(r.pruned for r in results), seconds=time.perf_counter() - started,
         stopped_by=next((r.stopped_by for r in results if r.stopped_by != "exhausted"), "exhausted"),
         failed={rule: why for r in results for rule, why in r.failed.items()},
