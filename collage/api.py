@@ -100,7 +100,7 @@ def optimize(
     a weighted sum ("0.5*time+0.5*energy", ``substitute.Objective``); energy is read from
     ``meter``, by default this machine's (``collage.meters``: RAPL, NVML), and an objective
     that needs energy where there is no meter is an ``OptimizeError`` saying why. The
-    finalists are compared end to end by time. The finalists (collage.finalists) are timed against each other
+    finalists (collage.finalists) are compared by time whatever the objective: timed against each other
     and the fastest kept, the simplest among those within noise. Raises ``OptimizeError`` for
     input it cannot handle; a failing backend candidate is excluded with its reason and never
     raises.

@@ -24,8 +24,14 @@ def as_module(func: relax.Function) -> tvm.IRModule:
     callees = func.attrs.get(CALLEES_ATTR) if func.attrs else None
     if not callees:
         return tvm.IRModule({"main": func})
+    return module_with_callees(func.without_attr(CALLEES_ATTR), callees)
+
+
+def module_with_callees(main: relax.Function, callees) -> tvm.IRModule:
+    """A module of ``main`` and the functions it calls, keyed by the very GlobalVars its calls
+    hold (so that ``call_tir`` still finds its PrimFunc)."""
     mod = tvm.IRModule(dict(callees.items()))
-    mod["main"] = func.without_attr(CALLEES_ATTR)
+    mod["main"] = main
     return mod
 
 

@@ -16,6 +16,7 @@ from tvm import relax
 from tvm.relax import transform
 
 from ..graph import DataflowGraph
+from ..runner import module_with_callees
 
 
 class Emitter:
@@ -84,15 +85,7 @@ def apply(graph: DataflowGraph, site: Site) -> tvm.IRModule:
     func = relax.Function(old.params, body, old.ret_ty, old.is_pure, old.attrs)
     # A replacement that returns a variable leaves an alias (``lv = other``): TVM's own pass
     # removes it, as the simplification does.
-    return transform.CanonicalizeBindings()(module_of(func, graph.callees))
-
-
-def module_of(main: relax.Function, callees: dict) -> tvm.IRModule:
-    """A module of ``main`` and the functions it calls (keyed by the very GlobalVars its calls
-    hold, so that ``call_tir`` still finds its PrimFunc)."""
-    mod = tvm.IRModule(dict(callees))
-    mod["main"] = main
-    return mod
+    return transform.CanonicalizeBindings()(module_with_callees(func, graph.callees))
 
 
 def _in_dependency_order(bindings: list[relax.Binding]) -> list[relax.Binding]:

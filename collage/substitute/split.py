@@ -28,10 +28,10 @@ import numpy as np
 import tvm
 
 from ..graph import DataflowGraph
+from ..runner import as_module
 from ..subgraph import SubGraph
 from .rule import Substitution
 from .search import GraphCost, SearchResult, Step, replay, search
-from .site import module_of
 
 THRESHOLD = 60  # operators: larger graphs are split (MetaFlow's pieces are of this order)
 WINDOW = 8  # bindings on each side of a cut searched again after the pieces
@@ -70,8 +70,7 @@ def cut_points(graph: DataflowGraph, rules: Sequence[Substitution], threshold: i
 
 def piece(graph: DataflowGraph, nodes: range) -> tvm.IRModule:
     """The bindings ``nodes`` of ``graph`` as a module whose ``main`` takes what they read."""
-    sub = SubGraph(graph, frozenset(nodes))
-    return module_of(sub.extract(), sub.callees())
+    return as_module(SubGraph(graph, frozenset(nodes)).extract())
 
 
 def search_in_pieces(
@@ -121,17 +120,18 @@ def _search_ranges(mod, ranges, rules, cost, alpha, budget_s, max_graphs):
     substituted module and the ranges' new extents."""
     graph = DataflowGraph.from_module(mod)
     total = sum(len(r) for r in ranges) or 1
-    results = [search(piece(graph, r), rules, cost, alpha, budget_s * len(r) / total, max_graphs) for r in ranges]
+    pieces = [piece(graph, r) for r in ranges]
+    results = [search(p, rules, cost, alpha, budget_s * len(r) / total, max_graphs) for p, r in zip(pieces, ranges)]
     growth, steps = {}, []
     # From the last range to the first: a range's steps then shift no range still to apply.
-    for r, result in reversed(list(zip(ranges, results))):
+    for r, given, result in reversed(list(zip(ranges, pieces, results))):
         shifted = [Step(s.rule, tuple(r.start + i for i in s.nodes), s.ordinal) for s in result.applied]
         try:
             mod = replay(mod, shifted, rules)
         except ValueError:
             continue  # a step that does not fit the whole graph: this piece stays as it was
         steps += shifted
-        growth[r] = len(DataflowGraph.from_module(result.best)) - len(DataflowGraph.from_module(piece(graph, r)))
+        growth[r] = len(DataflowGraph.from_module(result.best)) - len(DataflowGraph.from_module(given))
     moved, shift = [], 0
     for r in ranges:
         moved.append(range(r.start + shift, r.stop + shift + growth.get(r, 0)))
