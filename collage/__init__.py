@@ -4,6 +4,7 @@ from collage.api import optimize  # noqa: F401
 from collage.optimized import OptimizedModule, OptimizeError  # noqa: F401
 from collage.backend import GRAPH_LEVEL, OP_LEVEL, Backend, list_backends, register_backend  # noqa: F401
 from collage.cost_log import CostLog  # noqa: F401
+from collage.exported import ExportError, ExportedModule, load  # noqa: F401
 from collage.frontend import ModelImportError, load_onnx  # noqa: F401
 from collage.pattern import Pattern, PatternRule  # noqa: F401
 from collage.saved import PlacementFileError, load_placement, save_placement  # noqa: F401

@@ -10,7 +10,8 @@ Each partition becomes one call in a new ``main``, in the placement's order:
   allocates the outputs and passes every tensor to the kernel by DLPack, without a copy.
 
 ``assemble`` returns the module and the kernels it calls; the kernels stay registered while
-the returned ``Assembly`` lives.
+the returned ``Assembly`` lives. It also keeps what each kernel was compiled from
+(``KernelSource``), so that an exported module (``collage.exported``) can compile it again.
 """
 
 from __future__ import annotations
@@ -28,19 +29,34 @@ from .backend import REFERENCE_BACKEND, BackendSet
 from .graph import CALLEES_ATTR, DataflowGraph
 from .placement import Partition
 from .runner import compile_kernel
-from .subgraph import Remap
+from .subgraph import Remap, SubGraph
 
 _assembly_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """What one kernel outside TVM was compiled from: a sub-graph of the model (compiled by
+    ``runner.compile_kernel``), or an ONNX model an engine runs whole (``onnx_model``, by
+    ``Backend.compile_onnx``). ``alone``: compiled with the engine's users' own settings."""
+
+    backend: str
+    pattern: str
+    alone: bool
+    subgraph: SubGraph | None = None
+    onnx_model: object | None = None  # onnx.ModelProto
 
 
 @dataclass
 class Assembly:
     """The assembled module and, for each partition outside TVM, the name its kernel is
-    registered under. The names are unregistered when the Assembly is collected, so the
-    libraries' sessions do not outlive their module."""
+    registered under and what it was compiled from (``sources``, by name). The names are
+    unregistered when the Assembly is collected, so the libraries' sessions do not outlive
+    their module."""
 
     module: tvm.IRModule
     kernels: list[tuple[Partition, str, object]] = field(default_factory=list)  # (partition, name, kernel)
+    sources: dict[str, KernelSource] = field(default_factory=dict)
 
     def __post_init__(self):
         weakref.finalize(self, _unregister, [name for _, name, _ in self.kernels])
@@ -76,7 +92,7 @@ def assemble(
     prefix = f"collage_{next(_assembly_ids)}"
     bb = relax.BlockBuilder()
     remap = Remap({})  # old var -> new expr
-    kernels = []
+    kernels, sources = [], {}
     with bb.function("main", list(func.params), dict(func.attrs) if func.attrs else None):
         with bb.dataflow():
             for k, part in enumerate(partitions):
@@ -92,13 +108,14 @@ def assemble(
                     args = [remap.visit_expr(a) for a in sub.arguments(lift_constants=True)]
                     result = bb.emit(relax.Call(gv, args))
                 else:
-                    name = f"{prefix}.{k}.{part.backend}"
+                    name, alone = f"{prefix}.{k}.{part.backend}", runs_alone(part, partitions)
                     try:
-                        kernel = _compile(part, backends, target, compiled, runs_alone(part, partitions))
+                        kernel = _compile(part, backends, target, compiled, alone)
                     except PartitionFailed:
                         _unregister([n for _, n, _ in kernels])  # no Assembly will own them
                         raise
                     kernels.append((part, name, kernel))
+                    sources[name] = KernelSource(part.backend, part.pattern, alone, subgraph=sub)
                     tvm.register_global_func(name, kernel, override=True)
                     args = [remap.visit_expr(a) for a in sub.arguments(lift_constants=False)]
                     out_ty = [graph[i].ty for i in sub.outputs]
@@ -116,7 +133,7 @@ def assemble(
     module = bb.get()
     for gv, func in graph.callees.items():  # what TVM's partitions call (importers' PrimFuncs)
         module[gv] = func
-    return Assembly(module, kernels)
+    return Assembly(module, kernels, sources)
 
 
 # An engine partition keeps its users' settings (threads spinning between runs) when nothing of

@@ -3,9 +3,10 @@ the backends, look into the cost log.
 
     collage optimize MODEL.onnx [--target llvm] [--graph-level [--budget 600]] [--threads N]
                                 [--substitutions [--alpha 1.05] [--objective time]]
-                                [--out placement.json]
+                                [--out placement.json] [--export DIR]
                                 [--draw placement.svg]
     collage run MODEL.onnx [--placement placement.json]
+    collage run DIR                      (a module written by --export: nothing measured or compiled)
     collage backends
     collage log stats | show | clear
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from .optimized import OptimizeError
     from .cost_log import CostLogError
+    from .exported import ExportError
     from .frontend import ModelImportError
 
     try:
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             return args.run(args)
     except UsageError as err:
         return _fail(err, EXIT_USAGE)
-    except (ModelImportError, OptimizeError, CostLogError) as err:
+    except (ModelImportError, OptimizeError, CostLogError, ExportError) as err:
         return _fail(err, EXIT_ERROR)
     except OSError as err:  # a file that cannot be read or written
         return _fail(f"{err.filename}: {err.strerror}" if err.filename else err, EXIT_ERROR)
@@ -101,6 +103,10 @@ def parser() -> argparse.ArgumentParser:
         help=f"placement file to write (default {DEFAULT_PLACEMENT})",
     )
     opt.add_argument(
+        "--export", type=Path, metavar="DIR",
+        help="also write the optimized module to DIR, for `collage run DIR` and collage.load (no measuring or compiling)",
+    )  # fmt: skip
+    opt.add_argument(
         "--draw", type=Path, metavar="PICTURE", help="draw the placement: .svg, .png, .pdf (needs Graphviz) or .dot"
     )
     opt.add_argument("--seed", type=int, default=0, help="seed of the random inputs used for checking (default 0)")
@@ -113,9 +119,10 @@ def parser() -> argparse.ArgumentParser:
     opt.set_defaults(run=optimize_command)
 
     run = commands.add_parser(
-        "run", help="rebuild the optimized model from a saved placement and time it (measures nothing)"
+        "run",
+        help="rebuild the optimized model from a saved placement, or load an exported one, and time it (measures nothing)",
     )
-    _model_arguments(run, defaults_from="the placement")
+    _model_arguments(run, defaults_from="the placement", metavar="MODEL.onnx|DIR")
     run.add_argument("--placement", type=Path, default=Path(DEFAULT_PLACEMENT), help=f"(default {DEFAULT_PLACEMENT})")
     run.set_defaults(run=run_command)
 
@@ -138,9 +145,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _model_arguments(p: argparse.ArgumentParser, defaults_from: str | None = None) -> None:
+def _model_arguments(p: argparse.ArgumentParser, defaults_from: str | None = None, metavar: str = "MODEL.onnx") -> None:
     default = f" (default: {defaults_from}'s)" if defaults_from else ""
-    p.add_argument("model", type=Path, metavar="MODEL.onnx")
+    p.add_argument("model", type=Path, metavar=metavar)
     p.add_argument("--target", choices=("llvm", "cuda"), default=None if defaults_from else "llvm",
                    help=f"where it runs{default or ' (default llvm)'}")  # fmt: skip
     p.add_argument(
@@ -189,6 +196,8 @@ def optimize_command(args) -> int:
     )  # fmt: skip
     print(opt.report())
     print(f"\nplacement written to {save_placement(opt, args.out)}")
+    if args.export is not None:
+        print(f"module exported to {opt.export(args.export)}")
     if args.draw is not None:
         _draw(opt, args.draw)
     return EXIT_OK
@@ -199,6 +208,8 @@ def run_command(args) -> int:
     from .frontend import load_onnx
     from .saved import load_placement, read_placement
 
+    if args.model.is_dir():
+        return _run_exported(args)
     backends, shapes = _backends(args.backends), _shapes(args.shape)
     saved = read_placement(args.placement)
     mod = load_onnx(args.model, shapes)
@@ -213,6 +224,24 @@ def run_command(args) -> int:
     )
     if saved.get("measured_ms") is not None:
         print(f"when it was made it ran in {saved['measured_ms']:.3f} ms; now {opt.measured.median_ms:.3f} ms")
+    return EXIT_OK
+
+
+def _run_exported(args) -> int:
+    """``collage run DIR``: load the exported module, call it once, time it."""
+    from .exported import load
+    from .finalists import time_finalists
+
+    given = [f"--{o}" for o in ("target", "backends", "log") if getattr(args, o) is not None] + (["--shape"] if args.shape else [])
+    if given or args.placement != Path(DEFAULT_PLACEMENT):
+        given += ["--placement"] if args.placement != Path(DEFAULT_PLACEMENT) else []
+        raise UsageError(f"{args.model} is an exported module: {', '.join(given)} do not apply to it (--threads does)")
+    loaded = load(args.model, threads=args.threads)
+    arrays = loaded.example_inputs()
+    first = loaded.first_call_s(arrays)
+    now = time_finalists({"exported": loaded.vm}, arrays, loaded.target).costs["exported"]
+    print(loaded.describe())
+    print(f"first call {first * 1e3:.3f} ms; now it runs in {now.median_ms:.3f} ms ± {now.spread_ms:.2g} (median of {now.samples})")
     return EXIT_OK
 
 

@@ -17,7 +17,7 @@ import onnx
 import tvm
 from tvm import relax
 
-from .assemble import Assembly
+from .assemble import Assembly, KernelSource
 from .backend import Backend
 from .candidates import Candidate
 from .cost import Cost
@@ -79,7 +79,8 @@ def from_onnx_file(
         bb.emit_func_output(out)
     whole = Candidate(SubGraph(graph, frozenset(range(len(graph)))), backend.name, f"{backend.name}{FILE_SUFFIX}")
     partition = Partition(whole, Cost.unknown())
-    return Assembly(bb.get(), [(partition, name, kernel)]), partition
+    source = KernelSource(backend.name, partition.pattern, alone=True, onnx_model=model)
+    return Assembly(bb.get(), [(partition, name, kernel)], {name: source}), partition
 
 
 def _with_static_inputs(model: onnx.ModelProto, main: relax.Function) -> onnx.ModelProto:

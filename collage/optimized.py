@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import tvm
 from tvm import relax
 
@@ -12,7 +11,7 @@ from .assemble import Assembly
 from .cost import Cost
 from .placement import Partition
 from .report import backend_totals, format_report
-from .runner import device_for, static_shape
+from .runner import device_for, input_tensors, static_shape, to_numpy
 from .simplify import SimplifyReport
 
 
@@ -39,20 +38,8 @@ class OptimizedModule:
     _params: list[relax.Var] = field(default_factory=list, repr=False)
 
     def __call__(self, *arrays):
-        if len(arrays) != len(self._params):
-            names = ", ".join(p.name for p in self._params)
-            raise TypeError(f"the model takes {len(self._params)} input(s) ({names}), got {len(arrays)}")
-        tensors = []
-        for param, array in zip(self._params, arrays):
-            array = np.asarray(array)
-            shape, dtype = static_shape(param.ty), str(param.ty.dtype)
-            if array.shape != shape or str(array.dtype) != dtype:
-                raise ValueError(
-                    f"input {param.name!r} must be {dtype}{list(shape)}, got {array.dtype}{list(array.shape)}"
-                )
-            # np.ascontiguousarray would make a 0-d (scalar) input 1-d.
-            tensors.append(tvm.runtime.tensor(array if array.flags.c_contiguous else array.copy(order="C"), device_for(self.target)))
-        return _to_numpy(self._vm["main"](*tensors))
+        signature = [(p.name, static_shape(p.ty), str(p.ty.dtype)) for p in self._params]
+        return to_numpy(self._vm["main"](*input_tensors(signature, arrays, device_for(self.target))))
 
     @property
     def main(self):
@@ -76,6 +63,13 @@ class OptimizedModule:
 
         return save_placement(self, path)
 
+    def export(self, path):
+        """Write this module to the directory ``path`` (``collage.exported``), for
+        ``collage.load`` to run it elsewhere without measuring or compiling; returns the path."""
+        from .exported import export
+
+        return export(self, path)
+
     def draw(self, path):
         """Draw the graph with each partition in its backend's colour (``collage.draw``): DOT
         for ``.dot``, rendered by Graphviz for ``.svg``/``.png``/``.pdf``; returns the path."""
@@ -83,8 +77,3 @@ class OptimizedModule:
 
         return draw(self, path)
 
-
-def _to_numpy(result):
-    if isinstance(result, tvm.runtime.Tensor):
-        return result.numpy()
-    return tuple(_to_numpy(r) for r in result)

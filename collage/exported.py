@@ -1,0 +1,254 @@
+"""Exported modules: an optimized model written to one directory, and loaded back in seconds.
+
+``export`` writes what it takes to run the module without optimizing it again::
+
+    manifest.json     what the rest is: model hash, target, threads, the device it was
+                      optimized on, library versions, inputs, kernels, the placement
+    tvm.so            the assembled module compiled by TVM (``Executable.export_library``):
+                      every TVM partition and the calls of the other kernels
+    kernels/K.json    a sub-graph a library outside TVM runs (the Relax function, as TVM's
+                      JSON), compiled again by that library when loading
+    kernels/K.onnx    an ONNX model an engine runs whole (the user's own file)
+
+``load`` reads the manifest, compiles each library's kernel again from its file (sessions
+of ONNX Runtime or OpenVINO, torch functions: no TVM code is compiled and nothing is
+measured), loads ``tvm.so`` and binds the kernels to the calls in it. A different TVM is an
+``ExportError`` (the compiled library and the JSON are TVM's own formats); another device,
+another version of a kernel's library or of collage is a warning that says what differs,
+since the module still runs right, only its placement may no longer be the fastest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from .backend import Backend, BackendSet, default_backends, installed_version
+from .cost import Device
+from .measure import pin_threads
+from .runner import compile_kernel, device_for, input_tensors, static_shape, to_numpy, to_tensors
+
+FORMAT = "collage-export"
+VERSION = 1
+MANIFEST = "manifest.json"
+TVM_LIBRARY = "tvm.so"
+KERNELS = "kernels"
+# The distributions whose versions decide whether an export still loads and runs as it did.
+TVM_DISTRIBUTIONS = ("apache-tvm", "apache-tvm-ffi")  # a difference is an error
+OTHER_DISTRIBUTIONS = ("collage-tvm",)  # a difference is a warning
+
+
+class ExportError(Exception):
+    """The export cannot be written or loaded here; the message says why."""
+
+
+class ExportWarning(UserWarning):
+    """The export loads, but was made on another device or with other library versions."""
+
+
+def export(opt, path: str | os.PathLike) -> Path:
+    """Write the optimized module ``opt`` (an ``OptimizedModule``) to the directory ``path``
+    (created; files of an earlier export there are replaced); returns the path."""
+    from .saved import placement_record
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ExportError(f"{path}: exists and is not a directory")
+    (path / KERNELS).mkdir(parents=True, exist_ok=True)
+    assembly = opt._assembly
+    kernels = []
+    for k, (partition, name, _) in enumerate(assembly.kernels):
+        source = assembly.sources[name]
+        if source.onnx_model is not None:
+            file = f"{KERNELS}/{k}.onnx"
+            (path / file).write_bytes(source.onnx_model.SerializeToString())
+        else:
+            file = f"{KERNELS}/{k}.json"
+            (path / file).write_text(tvm.ir.save_json(source.subgraph.extract()))
+        kernels.append({
+            "name": name, "backend": source.backend, "pattern": source.pattern, "alone": source.alone,
+            "file": file, "library": _library(source.backend),
+        })  # fmt: skip
+    tvm.compile(assembly.module, target=opt.target).export_library(str(path / TVM_LIBRARY))
+    main = assembly.module["main"]
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "target": opt.target,
+        "threads": opt.threads,
+        "device": Device.this_machine(opt.threads, opt.target).name,
+        "libraries": {d: installed_version(d) for d in (*TVM_DISTRIBUTIONS, *OTHER_DISTRIBUTIONS)},
+        "inputs": [
+            {"name": p.name, "shape": list(static_shape(p.ty)), "dtype": str(p.ty.dtype)} for p in main.params
+        ],
+        "kernels": kernels,
+        "measured_ms": opt.measured.median_ms,
+        "placement": placement_record(opt),
+    }
+    (path / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return path
+
+
+def _library(backend: str) -> str:
+    """The library (and its version) a backend drives, as the registered backend says."""
+    return default_backends()[backend].library if backend in default_backends().names() else ""
+
+
+@dataclass
+class ExportedModule:
+    """An exported module loaded back: call it with numpy arrays like the original ``main``
+    (or ``main`` with ``tvm.runtime.Tensor``s). ``load_s`` is how long loading took; ``vm``
+    runs it, calling ``kernels``."""
+
+    manifest: dict
+    load_s: float
+    vm: relax.VirtualMachine = field(repr=False)
+    kernels: list = field(default_factory=list, repr=False)  # the libraries' kernels the VM calls
+
+    def __call__(self, *arrays):
+        signature = [(i["name"], tuple(i["shape"]), i["dtype"]) for i in self.manifest["inputs"]]
+        return to_numpy(self.main(*input_tensors(signature, arrays, device_for(self.target))))
+
+    @property
+    def main(self):
+        return self.vm["main"]
+
+    def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Inputs of the right shapes and types: normal floats, zeros elsewhere (valid indices)."""
+        rng = np.random.default_rng(seed)
+        return [
+            rng.standard_normal(i["shape"]).astype(i["dtype"]) if i["dtype"].startswith("float") else np.zeros(i["shape"], i["dtype"])
+            for i in self.manifest["inputs"]
+        ]  # fmt: skip
+
+    def first_call_s(self, arrays) -> float:
+        """Seconds the first call on ``arrays`` takes (the libraries' lazy set-up included);
+        call it before any other."""
+        tensors = to_tensors(arrays, device_for(self.target))
+        started = time.perf_counter()
+        self.main(*tensors)
+        return time.perf_counter() - started
+
+    @property
+    def target(self) -> str:
+        return self.manifest["target"]
+
+    def describe(self) -> str:
+        """A few lines: where it was optimized, what runs it, how long it took then."""
+        record = self.manifest["placement"]
+        backends = sorted({p["backend"] for p in record["partitions"]}) or ["tvm"]
+        return "\n".join([
+            f"exported module: {len(record['partitions'])} partition(s) on {', '.join(backends)}; "
+            f"{len(self.manifest['kernels'])} library kernel(s), the rest compiled TVM code",
+            f"optimized on {self.manifest['device']}, {self.manifest['threads']} thread(s), target {self.target}; "
+            f"it ran in {self.manifest['measured_ms']:.3f} ms there",
+            f"loaded in {self.load_s:.2f} s (nothing measured, no TVM code compiled)",
+        ])  # fmt: skip
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """The manifest of the export at ``path``; ``ExportError`` if it is not one."""
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise ExportError(f"{path}: not a collage export (no {MANIFEST})")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ExportError(f"{path / MANIFEST}: unreadable ({err})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ExportError(f'{path}: not a collage export (no "format": "{FORMAT}")')
+    if manifest.get("version") != VERSION:
+        raise ExportError(f"{path}: export format version {manifest.get('version')}; this collage reads {VERSION}")
+    return manifest
+
+
+def load(
+    path: str | os.PathLike, backends: BackendSet | Iterable[Backend] | None = None, threads: int | None = None
+) -> ExportedModule:
+    """The module exported to ``path``, ready to call: each library kernel compiled again
+    from its file by the backend of that name (from ``backends``, default the registered
+    ones), TVM's part loaded as compiled. Runs on ``threads`` threads (default: the exported
+    module's). Raises ``ExportError`` when it cannot run here."""
+    started = time.perf_counter()
+    path = Path(path)
+    manifest = read_manifest(path)
+    _check_tvm(manifest, path)
+    backend_set = backends if isinstance(backends, BackendSet) else BackendSet(backends) if backends else default_backends()
+    target = manifest["target"]
+    pin_threads(threads or manifest["threads"])
+    _warn_if_elsewhere(manifest, backend_set, path)
+    kernels = {entry["name"]: _kernel(entry, backend_set, target, path) for entry in manifest["kernels"]}
+    if not (path / TVM_LIBRARY).is_file():
+        raise ExportError(f"{path}: the export lacks {TVM_LIBRARY}")
+    library = tvm.runtime.load_module(str(path / TVM_LIBRARY))
+    # The VM looks up each called kernel by name once, when it is made: register them for that
+    # moment only, so that two loaded modules never see each other's kernels.
+    for name, kernel in kernels.items():
+        tvm.register_global_func(name, kernel, override=True)
+    try:
+        vm = relax.VirtualMachine(library, device_for(target))
+    finally:
+        for name in kernels:
+            tvm_ffi.remove_global_func(name)
+    return ExportedModule(manifest, time.perf_counter() - started, vm, list(kernels.values()))
+
+
+def _check_tvm(manifest: dict, path: Path) -> None:
+    saved = manifest.get("libraries", {})
+    differ = [f"{d} {saved.get(d)} (here {installed_version(d)})" for d in TVM_DISTRIBUTIONS if saved.get(d) != installed_version(d)]
+    if differ:
+        raise ExportError(f"{path}: exported with {', '.join(differ)}; TVM's compiled code loads only in the TVM that made it: export it again here")
+
+
+def _warn_if_elsewhere(manifest: dict, backends: BackendSet, path: Path) -> None:
+    """A warning for each way this machine differs from the one the module was optimized on."""
+    here = Device.this_machine(manifest["threads"], manifest["target"]).name
+    if manifest.get("device") != here:
+        warnings.warn(
+            f"{path}: optimized on {manifest.get('device')}, loaded on {here}: it runs, but its placement was "
+            "measured there; optimize again here for the fastest", ExportWarning, stacklevel=3,
+        )  # fmt: skip
+    for d in OTHER_DISTRIBUTIONS:
+        if manifest["libraries"].get(d) != installed_version(d):
+            warnings.warn(f"{path}: exported by {d} {manifest['libraries'].get(d)}, loaded by {installed_version(d)}",
+                          ExportWarning, stacklevel=3)  # fmt: skip
+    for entry in manifest["kernels"]:
+        if entry["backend"] in backends.names() and entry["library"] != backends[entry["backend"]].library:
+            warnings.warn(
+                f"{path}: kernel {entry['name']} was measured on {entry['library']}; here {entry['backend']} "
+                f"is {backends[entry['backend']].library}", ExportWarning, stacklevel=3,
+            )  # fmt: skip
+
+
+def _kernel(entry: dict, backends: BackendSet, target: str, path: Path):
+    """One library's kernel, compiled again from its file as ``optimize`` compiled it."""
+    if entry["backend"] not in backends.names():
+        raise ExportError(f"{path}: kernel {entry['name']} runs on backend {entry['backend']!r}, which is not registered here")
+    backend = backends[entry["backend"]]
+    file = path / entry["file"]
+    if not file.is_file():
+        raise ExportError(f"{path}: the export lacks {entry['file']}")
+    if file.suffix == ".onnx":
+        import onnx
+
+        reason = backend.unavailable_reason(target)
+        if reason is None:
+            try:
+                return backend.compile_onnx(onnx.load(file), target, alone=entry["alone"])
+            except Exception as err:  # noqa: BLE001 -- the engine's own refusal, reported as one line
+                reason = f"{type(err).__name__}: {err}"
+    else:
+        kernel, reason = compile_kernel(backend, tvm.ir.load_json(file.read_text()), entry["pattern"], target, entry["alone"])
+        if reason is None:
+            return kernel
+    raise ExportError(f"{path}: {backend.name} cannot compile kernel {entry['name']} here: {reason}")
