@@ -52,11 +52,13 @@ def test_backend_example_registers_matches_and_runs():
         assert runner.check_candidate(backend, func, cand.pattern) is None
 
 
-def test_readme_example_optimizes_and_runs(capsys):
-    """The README's Python example, as written (the keyword spotter at full size, with every
-    backend)."""
+def test_readme_examples_optimize_export_load_and_compile(capsys, tmp_path, monkeypatch):
+    """The README's Python examples, as written, one after the other: the keyword spotter
+    optimized at full size with every backend, exported and loaded, and compiled by
+    torch.compile with collage as its backend."""
     readme = DOCS.parent / "README.md"
-    (example,) = python_blocks(readme)
+    example, export, torch_compile = python_blocks(readme)
+    monkeypatch.chdir(tmp_path)  # the export's directory
     namespace = {}
     exec(compile(example, str(readme), "exec"), namespace)
     opt, scores = namespace["opt"], namespace["scores"]
@@ -67,3 +69,12 @@ def test_readme_example_optimizes_and_runs(capsys):
     printed = capsys.readouterr().out
     assert "collage placement:" in printed and "end to end: estimated" in printed
     assert all(p.backend in printed for p in opt.placement)
+
+    exec(compile(export, str(readme), "exec"), namespace)
+    x = w.inputs[0].numpy()
+    assert_close(namespace["loaded"](x)[0], opt(x)[0], "the README's exported module against the optimized one")
+
+    exec(compile(torch_compile, str(readme), "exec"), namespace)
+    with namespace["torch"].no_grad():
+        compiled = namespace["fast"](w.inputs[0]).numpy()
+    assert_close(compiled, ref, "the README's torch.compile against torch")
