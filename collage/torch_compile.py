@@ -89,33 +89,42 @@ def is_weight(value) -> bool:
 
 class CompiledGraph:
     """One graph dynamo handed over, optimized for each set of input shapes it is called
-    with (``optimized``: shapes -> ``OptimizedModule``)."""
+    with (``optimized``: shapes -> ``OptimizedModule``; ``mains``: shapes -> its ``main``,
+    looked up once: a lookup per call costs a few microseconds)."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, options: dict):
         self.gm, self.options = gm, options
         self.weights = {k: v for k, v in enumerate(example_inputs) if is_weight(v)}
+        self.inputs = [k for k, v in enumerate(example_inputs) if k not in self.weights and isinstance(v, torch.Tensor)]
+        self.sizes = [k for k, v in enumerate(example_inputs) if isinstance(v, (int, torch.SymInt))]
         self.optimized: dict[tuple, object] = {}
+        self.mains: dict[tuple, object] = {}
+        self.static = None  # the one main of a graph with static shapes, which dynamo's guards keep
         if not any(isinstance(v, torch.SymInt) for v in example_inputs):
-            self._optimized(example_inputs)  # static shapes: optimize now, as dynamo expects of a backend
+            self.static = self._optimized(example_inputs)  # optimize now, as dynamo expects of a backend
 
     def __call__(self, *args):
-        opt = self._optimized(args)
-        inputs = [tvm.runtime.from_dlpack(a.detach().contiguous()) for a in self._inputs(args)]
-        result = opt.main(*inputs)
+        main = self.static if self.static is not None else self._optimized(args)
+        result = main(*[tvm.runtime.from_dlpack(_dlpack_ready(args[k])) for k in self.inputs])
         if isinstance(result, tvm.runtime.Tensor):
             return (torch.from_dlpack(result),)
         return tuple(torch.from_dlpack(r) for r in result)
 
-    def _inputs(self, args) -> list[torch.Tensor]:
-        return [a for k, a in enumerate(args) if k not in self.weights and isinstance(a, torch.Tensor)]
-
     def _optimized(self, args):
-        key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else int(a) for a in args)
+        key = tuple(tuple(args[k].shape) for k in self.inputs) + tuple(int(args[k]) for k in self.sizes)
         if key not in self.optimized:
             from .api import optimize
 
             self.optimized[key] = optimize(relax_module(self.gm, args, self.weights), **self.options)
-        return self.optimized[key]
+            self.mains[key] = self.optimized[key].main
+        return self.mains[key]
+
+
+def _dlpack_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as DLPack takes it: contiguous, not recording gradients (a view, not a copy,
+    when it already is contiguous)."""
+    t = t.detach() if t.requires_grad else t
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def relax_module(gm: torch.fx.GraphModule, args, weights: dict[int, torch.Tensor]) -> tvm.IRModule:
