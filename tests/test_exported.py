@@ -23,8 +23,8 @@ BACKENDS = ["tvm", "onnxruntime"]
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """The tiny model optimized from its ONNX file, and a placement mixing TVM with an ONNX
-    Runtime kernel rebuilt from a file: (dir, optimized, mixed, input)."""
+    """The tiny model optimized from its ONNX file, a placement mixing TVM with an ONNX Runtime
+    kernel, and ONNX Runtime running the file whole: (dir, optimized, mixed, input, on_file)."""
     path = tmp_path_factory.mktemp("exported")
     model = write_tiny_model(path / "tiny.onnx")
     mod = collage.load_onnx(model)
@@ -39,12 +39,15 @@ def made(tmp_path_factory):
     ]  # fmt: skip
     (path / "mixed.json").write_text(json.dumps(record))
     mixed = collage.load_placement(mod, path / "mixed.json", cost_log=log)
+    record["partitions"] = [{"backend": "onnxruntime", "pattern": "onnxruntime.model", "nodes": list(range(len(ops))), "ops": ops}]
+    (path / "on_file.json").write_text(json.dumps(record))
+    on_file = collage.load_placement(mod, path / "on_file.json", cost_log=log, onnx_model=model)
     x = np.random.default_rng(0).standard_normal(INPUT_SHAPE).astype("float32")
-    return path, opt, mixed, x
+    return path, opt, mixed, x, on_file
 
 
 def test_an_export_loads_and_computes_what_the_optimized_module_does(made, monkeypatch):
-    path, opt, mixed, x = made
+    path, opt, mixed, x, _ = made
     for name, module in (("whole", opt), ("mixed", mixed)):
         exported = module.export(path / name)
         monkeypatch.setattr("tvm.compile", _must_not_compile)
@@ -59,7 +62,7 @@ def _must_not_compile(*args, **kwargs):
 
 
 def test_the_manifest_says_what_was_exported_and_where(made):
-    path, _, mixed, _ = made
+    path, _, mixed, _, _ = made
     manifest = read_manifest(mixed.export(path / "manifest"))
     assert manifest["target"] == "llvm" and manifest["threads"] == 2
     assert manifest["device"] == Device.this_machine(2).name
@@ -73,16 +76,15 @@ def test_the_manifest_says_what_was_exported_and_where(made):
 
 
 def test_an_engine_running_the_whole_file_keeps_it_and_its_users_settings(made):
-    path, opt, _, _ = made
-    if opt.placement[0].pattern != "onnxruntime.model":
-        pytest.skip(f"collage kept {opt.placement[0].pattern}, not the engine on the file")
-    manifest = read_manifest(opt.export(path / "file"))
-    (kernel,) = manifest["kernels"]
+    path, _, _, x, on_file = made
+    exported = on_file.export(path / "file")
+    (kernel,) = read_manifest(exported)["kernels"]
     assert kernel["file"].endswith(".onnx") and kernel["alone"] is True
+    np.testing.assert_allclose(collage.load(exported)(x), on_file(x), rtol=1e-5, atol=1e-6)
 
 
 def test_an_export_loads_in_a_fresh_process(made, tmp_path):
-    path, _, mixed, x = made
+    path, _, mixed, x, _ = made
     exported = mixed.export(path / "fresh")
     np.save(tmp_path / "x.npy", x)
     script = textwrap.dedent(f"""
@@ -98,7 +100,7 @@ def test_an_export_loads_in_a_fresh_process(made, tmp_path):
 
 
 def _damaged(made, tmp_path, change):
-    path, _, mixed, _ = made
+    path, _, mixed, _, _ = made
     exported = mixed.export(tmp_path / "damaged")
     manifest = json.loads((exported / "manifest.json").read_text())
     change(manifest)
@@ -144,11 +146,12 @@ def test_a_directory_that_is_no_export_is_refused(tmp_path):
         collage.load(tmp_path)
 
 
-def test_the_command_line_exports_and_runs_the_export(tmp_path, capsys):
+def test_the_command_line_exports_and_runs_the_export(made, tmp_path, capsys):
     from collage.cli import EXIT_OK, EXIT_USAGE, main
 
-    model = write_tiny_model(tmp_path / "tiny.onnx")
-    args = ["--backends", "tvm,onnxruntime", "--log", str(tmp_path / "costs.sqlite"), "--quiet"]
+    path = made[0]  # the model file and the cost log the fixture filled: nothing to measure again
+    model = path / "tiny.onnx"
+    args = ["--backends", "tvm,onnxruntime", "--log", str(path / "costs.sqlite"), "--quiet"]
     assert main(["optimize", str(model), "--out", str(tmp_path / "p.json"), "--export", str(tmp_path / "exp"), *args]) == EXIT_OK
     assert f"module exported to {tmp_path / 'exp'}" in capsys.readouterr().out
     assert main(["run", str(tmp_path / "exp")]) == EXIT_OK
