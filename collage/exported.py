@@ -145,11 +145,11 @@ class ExportedModule:
 
     def describe(self) -> str:
         """A few lines: where it was optimized, what runs it, how long it took then."""
-        record = self.manifest["placement"]
-        backends = sorted({p["backend"] for p in record["partitions"]}) or ["tvm"]
+        parts = self.manifest["placement"]["partitions"]
+        backends = ", ".join(sorted({p["backend"] for p in parts}))
+        placed = f"{len(parts)} partition(s) on {backends}" if parts else "nothing placed, the whole model on TVM"
         return "\n".join([
-            f"exported module: {len(record['partitions'])} partition(s) on {', '.join(backends)}; "
-            f"{len(self.manifest['kernels'])} library kernel(s), the rest compiled TVM code",
+            f"exported module: {placed}; {len(self.manifest['kernels'])} library kernel(s), the rest compiled TVM code",
             f"optimized on {self.manifest['device']}, {self.manifest['threads']} thread(s), target {self.target}; "
             f"it ran in {self.manifest['measured_ms']:.3f} ms there",
             f"loaded in {self.load_s:.2f} s (nothing measured, no TVM code compiled)",
