@@ -8,9 +8,7 @@ outputs in place: no copy either way.
 Precision: the CPU plugin picks bf16 on CPUs that have it, which misses TVM's f32 results by
 far more than the tolerance, so ``BACKEND`` forces f32; ``with_precision("bf16")`` gives a
 record for another precision, to put in a BackendSet instead. Threads: ``COLLAGE_NUM_THREADS``, read when a candidate
-is compiled; unset or 0 leaves OpenVINO's default. ``COLLAGE_ENGINE_CACHE`` (set by exported
-modules) is OpenVINO's model cache: a model compiled once loads from its blob the next time.
-openvino is imported only to compile.
+is compiled; unset or 0 leaves OpenVINO's default. openvino is imported only to compile.
 """
 
 import dataclasses
@@ -22,7 +20,7 @@ import onnx
 from collage.patterns.fusion import anchor_then_elementwise
 from tvm import relax
 
-from collage.backend import ENGINE_CACHE_ENV, GRAPH_LEVEL, Backend, BoundBuffers, installed_version
+from collage.backend import GRAPH_LEVEL, Backend, BoundBuffers, installed_version
 from collage.onnx_convert import convertible, to_onnx
 from collage.pattern import PatternRule
 
@@ -32,8 +30,6 @@ def _config(precision: str) -> dict:
     threads = int(os.environ.get("COLLAGE_NUM_THREADS", "0"))
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
-    if os.environ.get(ENGINE_CACHE_ENV):
-        config["CACHE_DIR"] = os.environ[ENGINE_CACHE_ENV]
     return config
 
 

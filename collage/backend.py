@@ -23,10 +23,6 @@ GRAPH_LEVEL = "graph-level"  # an inference engine that optimizes across kernels
 TARGETS = ("llvm", "cuda")
 # TVM's own codegen: it runs every operator, and its results are the reference others match.
 REFERENCE_BACKEND = "tvm"
-# A directory where an engine may keep what it compiles, to load it faster the next time
-# (OpenVINO's model cache), read when a kernel is compiled; collage.exported sets it while
-# exporting and loading. Unset: nothing is kept.
-ENGINE_CACHE_ENV = "COLLAGE_ENGINE_CACHE"
 
 
 class Unsupported(Exception):

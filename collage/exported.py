@@ -9,13 +9,10 @@
     kernels/K.json    a sub-graph a library outside TVM runs (the Relax function, as TVM's
                       JSON), compiled again by that library when loading
     kernels/K.onnx    an ONNX model an engine runs whole (the user's own file)
-    cache/            what the engines keep of their compiled kernels, where they keep any
-                      (OpenVINO's model cache: loading reads its blob instead of compiling)
 
 ``load`` reads the manifest, compiles each library's kernel again from its file (sessions
 of ONNX Runtime or OpenVINO, torch functions: no TVM code is compiled and nothing is
-measured), loads ``tvm.so`` and binds the kernels to the calls in it. ``export`` compiles
-each kernel from its file once too, which checks the files and fills the engines' cache. A different TVM is an
+measured), loads ``tvm.so`` and binds the kernels to the calls in it. A different TVM is an
 ``ExportError`` (the compiled library and the JSON are TVM's own formats); another device,
 another version of a kernel's library or of collage is a warning that says what differs,
 since the module still runs right, only its placement may no longer be the fastest.
@@ -23,7 +20,6 @@ since the module still runs right, only its placement may no longer be the faste
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -37,7 +33,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .backend import ENGINE_CACHE_ENV, Backend, BackendSet, default_backends, installed_version
+from .backend import Backend, BackendSet, default_backends, installed_version
 from .cost import Device
 from .measure import pin_threads
 from .runner import compile_kernel, device_for, input_tensors, static_shape, to_numpy, to_tensors
@@ -47,7 +43,6 @@ VERSION = 1
 MANIFEST = "manifest.json"
 TVM_LIBRARY = "tvm.so"
 KERNELS = "kernels"
-CACHE = "cache"
 # The distributions whose versions decide whether an export still loads and runs as it did.
 TVM_DISTRIBUTIONS = ("apache-tvm", "apache-tvm-ffi")  # a difference is an error
 OTHER_DISTRIBUTIONS = ("collage-tvm",)  # a difference is a warning
@@ -101,27 +96,7 @@ def export(opt, path: str | os.PathLike) -> Path:
         "placement": placement_record(opt),
     }
     (path / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    (path / CACHE).mkdir(exist_ok=True)
-    with _engine_cache(path / CACHE):
-        for entry in kernels:  # a backend registered elsewhere is checked when it is loaded
-            if entry["backend"] in default_backends().names():
-                _kernel(entry, default_backends(), opt.target, path)
     return path
-
-
-@contextlib.contextmanager
-def _engine_cache(directory: Path):
-    """Engines compiling inside keep (or find) their compiled kernels in ``directory``
-    (``backend.ENGINE_CACHE_ENV``)."""
-    before = os.environ.get(ENGINE_CACHE_ENV)
-    os.environ[ENGINE_CACHE_ENV] = str(directory)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[ENGINE_CACHE_ENV]
-        else:
-            os.environ[ENGINE_CACHE_ENV] = before
 
 
 def _library(backend: str) -> str:
@@ -212,9 +187,7 @@ def load(
     target = manifest["target"]
     pin_threads(threads or manifest["threads"])
     _warn_if_elsewhere(manifest, backend_set, path)
-    cache = path / CACHE if (path / CACHE).is_dir() else None
-    with _engine_cache(cache) if cache else contextlib.nullcontext():
-        kernels = {entry["name"]: _kernel(entry, backend_set, target, path) for entry in manifest["kernels"]}
+    kernels = {entry["name"]: _kernel(entry, backend_set, target, path) for entry in manifest["kernels"]}
     if not (path / TVM_LIBRARY).is_file():
         raise ExportError(f"{path}: the export lacks {TVM_LIBRARY}")
     library = tvm.runtime.load_module(str(path / TVM_LIBRARY))

@@ -83,19 +83,6 @@ def test_an_engine_running_the_whole_file_keeps_it_and_its_users_settings(made):
     np.testing.assert_allclose(collage.load(exported)(x), on_file(x), rtol=1e-5, atol=1e-6)
 
 
-def test_an_engine_with_a_model_cache_loads_from_it(made):
-    """OpenVINO keeps its compiled blob in the export (its model cache), filled when exporting."""
-    path, _, _, x, on_file = made
-    record = json.loads((path / "on_file.json").read_text())
-    record["partitions"][0].update(backend="openvino", pattern="openvino.model")
-    (path / "openvino.json").write_text(json.dumps(record))
-    mod = collage.load_onnx(path / "tiny.onnx")
-    on_openvino = collage.load_placement(mod, path / "openvino.json", onnx_model=path / "tiny.onnx", backends=["tvm", "openvino"])
-    exported = on_openvino.export(path / "openvino")
-    assert list((exported / "cache").glob("*.blob"))
-    np.testing.assert_allclose(collage.load(exported)(x), on_file(x), rtol=1e-4, atol=1e-5)
-
-
 def test_an_export_loads_in_a_fresh_process(made, tmp_path):
     path, _, mixed, x, _ = made
     exported = mixed.export(path / "fresh")
