@@ -8,7 +8,9 @@
                       every TVM partition and the calls of the other kernels
     kernels/K.json    a sub-graph a library outside TVM runs (the Relax function, as TVM's
                       JSON), compiled again by that library when loading
-    kernels/K.onnx    an ONNX model an engine runs whole (the user's own file)
+    kernels/K.onnx    an ONNX model an engine runs with its users' settings, whole or all
+                      but trivial ops: the user's own file, or collage's conversion (read
+                      back faster than TVM's JSON of a whole model's weights)
 
 ``load`` reads the manifest, compiles each library's kernel again from its file (sessions
 of ONNX Runtime or OpenVINO, torch functions: no TVM code is compiled and nothing is
@@ -36,6 +38,7 @@ from tvm import relax
 from .backend import Backend, BackendSet, default_backends, installed_version
 from .cost import Device
 from .measure import pin_threads
+from .onnx_convert import to_onnx
 from .runner import compile_kernel, device_for, input_tensors, static_shape, to_numpy, to_tensors
 
 FORMAT = "collage-export"
@@ -69,9 +72,12 @@ def export(opt, path: str | os.PathLike) -> Path:
     kernels = []
     for k, (partition, name, _) in enumerate(assembly.kernels):
         source = assembly.sources[name]
-        if source.onnx_model is not None:
+        onnx_model = source.onnx_model
+        if onnx_model is None and source.alone and default_backends()[source.backend].compile_onnx is not None:
+            onnx_model = to_onnx(source.subgraph.extract())  # what runner.compile_kernel compiled it from
+        if onnx_model is not None:
             file = f"{KERNELS}/{k}.onnx"
-            (path / file).write_bytes(source.onnx_model.SerializeToString())
+            (path / file).write_bytes(onnx_model.SerializeToString())
         else:
             file = f"{KERNELS}/{k}.json"
             (path / file).write_text(tvm.ir.save_json(source.subgraph.extract()))
