@@ -68,12 +68,12 @@ def export(opt, path: str | os.PathLike) -> Path:
     if path.exists() and not path.is_dir():
         raise ExportError(f"{path}: exists and is not a directory")
     (path / KERNELS).mkdir(parents=True, exist_ok=True)
-    assembly = opt._assembly
+    assembly = opt.assembly
     kernels = []
     for k, (partition, name, _) in enumerate(assembly.kernels):
         source = assembly.sources[name]
         onnx_model = source.onnx_model
-        if onnx_model is None and source.alone and default_backends()[source.backend].compile_onnx is not None:
+        if onnx_model is None and source.alone and _reads_onnx(source.backend):
             onnx_model = to_onnx(source.subgraph.extract())  # what runner.compile_kernel compiled it from
         if onnx_model is not None:
             file = f"{KERNELS}/{k}.onnx"
@@ -103,6 +103,11 @@ def export(opt, path: str | os.PathLike) -> Path:
     }
     (path / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return path
+
+
+def _reads_onnx(backend: str) -> bool:
+    backends = default_backends()
+    return backend in backends.names() and backends[backend].compile_onnx is not None
 
 
 def _library(backend: str) -> str:

@@ -42,6 +42,12 @@ class OptimizedModule:
         return to_numpy(self._vm["main"](*input_tensors(signature, arrays, device_for(self.target))))
 
     @property
+    def assembly(self) -> Assembly:
+        """The assembled module and the libraries' kernels it calls, with what each was
+        compiled from (``collage.assemble``)."""
+        return self._assembly
+
+    @property
     def main(self):
         """The assembled ``main`` on the Relax VM, taking ``tvm.runtime.Tensor`` inputs: for
         callers that convert their inputs once, such as benchmarks."""

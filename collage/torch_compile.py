@@ -22,12 +22,13 @@ inference graph.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import tvm
 
-OPTIONS = ("target", "backends", "cost_log", "threads", "simplify", "timing", "progress", "seed",
-           "graph_level", "budget_s", "patience", "runner", "substitutions", "alpha",
-           "substitution_budget_s", "objective", "meter")  # fmt: skip
+# optimize's arguments that are not the model itself: what ``options`` may set.
+NOT_OPTIONS = ("mod", "params", "onnx_model")
 
 
 class TorchCompileError(Exception):
@@ -46,10 +47,13 @@ def collage_backend(gm: torch.fx.GraphModule, example_inputs: list, *, options: 
 def optimize_options(options: dict | None) -> dict:
     """``options`` as ``collage.optimize``'s keyword arguments (no progress lines unless
     asked); a name it does not take is a ``TorchCompileError``."""
+    from .api import optimize
+
+    known = [name for name in inspect.signature(optimize).parameters if name not in NOT_OPTIONS]
     options = dict(options or {})
-    unknown = sorted(set(options) - set(OPTIONS))
+    unknown = sorted(set(options) - set(known))
     if unknown:
-        raise TorchCompileError(f"unknown option(s) {', '.join(unknown)}; collage takes {', '.join(OPTIONS)}")
+        raise TorchCompileError(f"unknown option(s) {', '.join(unknown)}; collage takes {', '.join(known)}")
     return {"progress": False} | options
 
 
