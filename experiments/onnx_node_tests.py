@@ -1,7 +1,7 @@
 """ONNX's own backend node tests, run on TVM alone, on collage and on ONNX Runtime.
 
     python -m experiments.onnx_node_tests [--match REGEX] [--runners tvm collage onnxruntime]
-                                          [--backends tvm onnxruntime openvino] [--sample N]
+                                          [--backends tvm onnxruntime openvino] [--sample N] [--resume]
 
 The cases come from the ``onnx`` package's own case generators (its wheel ships no test
 data): every case whose inputs and outputs are all float32, each a one-operator model (a few
@@ -11,8 +11,10 @@ the one line that says why) or, for collage, ``crashed`` (an exception that is n
 its clear refusals: a defect). The rule ``tests/test_onnx_node_cases.py`` enforces on a
 fixed subset: wherever TVM alone is right, collage is right, and it never crashes.
 
-Results go to ``experiments/results/onnx_node_tests.json`` (one entry per case, with the CPU)
-and a count per runner is printed.
+Results go to ``experiments/results/onnx_node_tests.json`` (one entry per case, with the CPU),
+written after every case, and a count per runner is printed. The whole run takes about
+90 minutes of a 2-core machine; ``--resume`` keeps the cases a stopped run finished (same
+runners, CPU and backends) and runs the rest.
 """
 
 from __future__ import annotations
@@ -159,12 +161,14 @@ def run_onnxruntime(case, directory: Path) -> Outcome:
 RUNNERS = {"tvm": run_tvm, "collage": run_collage, "onnxruntime": run_onnxruntime}
 
 
-def run(cases, runners, cost_log=None, after_each=None, backends=None) -> dict[str, dict[str, Outcome]]:
+def run(cases, runners, cost_log=None, after_each=None, backends=None, done=None) -> dict[str, dict[str, Outcome]]:
     """Each case on each runner; ``after_each(results)`` is called after every case (to keep
-    partial results of a long run)."""
-    results = {}
+    partial results of a long run). ``done``: results of cases already run, kept as they are."""
+    results = dict(done or {})
     with tempfile.TemporaryDirectory() as tmp:
         for k, case in enumerate(cases):
+            if case.name in results:
+                continue
             started = time.perf_counter()
             results[case.name] = {
                 name: (run_collage(case, Path(tmp), cost_log, backends) if name == "collage" else RUNNERS[name](case, Path(tmp)))
@@ -193,6 +197,18 @@ def collage_lost(results) -> list[str]:
     ]  # fmt: skip
 
 
+def finished(path: Path, cpu: str, runners, backends) -> dict[str, dict[str, Outcome]]:
+    """The outcomes ``path`` holds, if they come from this CPU with these runners and
+    backends; else none (a run elsewhere is not continued)."""
+    if not path.exists():
+        return {}
+    saved = json.loads(path.read_text())
+    if saved.get("cpu") != cpu or saved.get("backends") != backends:
+        return {}
+    results = {name: {r: Outcome(**o) for r, o in outcomes.items()} for name, outcomes in saved["results"].items()}
+    return {name: o for name, o in results.items() if set(o) == set(runners)}
+
+
 def main(argv=None) -> None:
     from collage.cost import Device
 
@@ -203,6 +219,7 @@ def main(argv=None) -> None:
     parser.add_argument("--backends", nargs="+", help="collage's backends (default: every registered one)")
     parser.add_argument("--sample", type=int, help="only this many cases, drawn at random (seeded)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--resume", action="store_true", help="keep the cases --out already holds; run the rest")
     args = parser.parse_args(argv)
     cases = float32_cases(args.match)
     if args.sample is not None and args.sample < len(cases):
@@ -218,7 +235,8 @@ def main(argv=None) -> None:
             "results": {name: {r: asdict(o) for r, o in outcomes.items()} for name, outcomes in results.items()},
         }, indent=1) + "\n")  # fmt: skip
 
-    results = run(cases, args.runners, args.log, after_each=write, backends=args.backends)
+    done = finished(args.out, cpu, args.runners, args.backends) if args.resume else {}
+    results = run(cases, args.runners, args.log, after_each=write, backends=args.backends, done=done)
     table, lost = counts(results), collage_lost(results)
     for runner, c in table.items():
         print(f"{runner:<12} " + ", ".join(f"{status} {c.get(status, 0)}" for status in (RIGHT, WRONG, REFUSED, CRASHED)))
