@@ -27,8 +27,10 @@ import inspect
 import torch
 import tvm
 
-# optimize's arguments that are not the model itself: what ``options`` may set.
-NOT_OPTIONS = ("mod", "params", "onnx_model")
+from . import api
+
+# What ``options`` may set: optimize's arguments that are not the model itself.
+OPTIONS = tuple(name for name in inspect.signature(api.optimize).parameters if name not in ("mod", "params", "onnx_model"))
 
 
 class TorchCompileError(Exception):
@@ -47,13 +49,10 @@ def collage_backend(gm: torch.fx.GraphModule, example_inputs: list, *, options: 
 def optimize_options(options: dict | None) -> dict:
     """``options`` as ``collage.optimize``'s keyword arguments (no progress lines unless
     asked); a name it does not take is a ``TorchCompileError``."""
-    from .api import optimize
-
-    known = [name for name in inspect.signature(optimize).parameters if name not in NOT_OPTIONS]
     options = dict(options or {})
-    unknown = sorted(set(options) - set(known))
+    unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise TorchCompileError(f"unknown option(s) {', '.join(unknown)}; collage takes {', '.join(known)}")
+        raise TorchCompileError(f"unknown option(s) {', '.join(unknown)}; collage takes {', '.join(OPTIONS)}")
     return {"progress": False} | options
 
 
@@ -117,9 +116,7 @@ class CompiledGraph:
     def _optimized(self, args):
         key = tuple(tuple(args[k].shape) for k in self.inputs) + tuple(int(args[k]) for k in self.sizes)
         if key not in self.optimized:
-            from .api import optimize
-
-            self.optimized[key] = optimize(relax_module(self.gm, args, self.weights), **self.options)
+            self.optimized[key] = api.optimize(relax_module(self.gm, args, self.weights), **self.options)
             self.mains[key] = self.optimized[key].main
         return self.mains[key]
 
