@@ -232,9 +232,9 @@ def _run_exported(args) -> int:
     from .exported import load
     from .finalists import time_finalists
 
-    given = [f"--{o}" for o in ("target", "backends", "log") if getattr(args, o) is not None] + (["--shape"] if args.shape else [])
-    if given or args.placement != Path(DEFAULT_PLACEMENT):
-        given += ["--placement"] if args.placement != Path(DEFAULT_PLACEMENT) else []
+    given = [f"--{o}" for o in ("target", "backends", "log") if getattr(args, o) is not None]
+    given += ["--shape"] * bool(args.shape) + ["--placement"] * (args.placement != Path(DEFAULT_PLACEMENT))
+    if given:
         raise UsageError(f"{args.model} is an exported module: {', '.join(given)} do not apply to it (--threads does)")
     loaded = load(args.model, threads=args.threads)
     arrays = loaded.example_inputs()

@@ -39,7 +39,7 @@ from .backend import Backend, BackendSet, default_backends, installed_version
 from .cost import Device
 from .measure import pin_threads
 from .onnx_convert import to_onnx
-from .runner import compile_kernel, device_for, input_tensors, static_shape, to_numpy, to_tensors
+from .runner import compile_kernel, compile_onnx_kernel, device_for, input_tensors, static_shape, to_numpy, to_tensors
 
 FORMAT = "collage-export"
 VERSION = 1
@@ -252,14 +252,10 @@ def _kernel(entry: dict, backends: BackendSet, target: str, path: Path):
     if file.suffix == ".onnx":
         import onnx
 
-        reason = backend.unavailable_reason(target)
-        if reason is None:
-            try:
-                return backend.compile_onnx(onnx.load(file), target, alone=entry["alone"])
-            except Exception as err:  # noqa: BLE001 -- the engine's own refusal, reported as one line
-                reason = f"{type(err).__name__}: {err}"
+        kernel, reason = compile_onnx_kernel(backend, onnx.load(file), target, entry["alone"])
     else:
-        kernel, reason = compile_kernel(backend, tvm.ir.load_json(file.read_text()), entry["pattern"], target, entry["alone"])
-        if reason is None:
-            return kernel
+        func = tvm.ir.load_json(file.read_text())
+        kernel, reason = compile_kernel(backend, func, entry["pattern"], target, entry["alone"])
+    if reason is None:
+        return kernel
     raise ExportError(f"{path}: {backend.name} cannot compile kernel {entry['name']} here: {reason}")

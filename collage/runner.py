@@ -206,16 +206,26 @@ def compile_kernel(backend, func: relax.Function, pattern: str, target: str, alo
     sub-graph (``Unsupported``), or fails compiling it. Never raises. ``alone`` compiles an
     inference engine's kernel with its users' settings (``Backend.compile_onnx``), for a
     partition that nothing of another library runs beside."""
-    from .backend import Unsupported
     from .onnx_convert import to_onnx
+
+    if alone and backend.compile_onnx is not None:
+        return _compiled(backend, target, lambda: backend.compile_onnx(to_onnx(func), target, alone=True))
+    return _compiled(backend, target, lambda: backend.compile(func, pattern, target))
+
+
+def compile_onnx_kernel(backend, model, target: str, alone: bool = True):
+    """An inference engine's kernel for an ONNX model, as ``compile_kernel`` returns one."""
+    return _compiled(backend, target, lambda: backend.compile_onnx(model, target, alone=alone))
+
+
+def _compiled(backend, target: str, build):
+    from .backend import Unsupported
 
     reason = backend.unavailable_reason(target)
     if reason is not None:
         return None, reason
     try:
-        if alone and backend.compile_onnx is not None:
-            return backend.compile_onnx(to_onnx(func), target, alone=True), None
-        return backend.compile(func, pattern, target), None
+        return build(), None
     except Unsupported as err:
         return None, f"unsupported: {err}"
     except Exception as err:  # a library's own compile error: exclude the candidate, keep going
