@@ -39,7 +39,7 @@ from .backend import Backend, BackendSet, default_backends, installed_version
 from .cost import Device
 from .measure import pin_threads
 from .onnx_convert import to_onnx
-from .runner import compile_kernel, compile_onnx_kernel, device_for, input_tensors, static_shape, to_numpy, to_tensors
+from .runner import compile_kernel, compile_onnx_kernel, device_for, input_tensors, random_array, static_shape, to_numpy, to_tensors
 
 FORMAT = "collage-export"
 VERSION = 1
@@ -135,12 +135,10 @@ class ExportedModule:
         return self.vm["main"]
 
     def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Inputs of the right shapes and types: normal floats, zeros elsewhere (valid indices)."""
+        """Inputs of the right shapes and types, drawn as ``runner.random_inputs`` draws them
+        (the manifest does not say which operators each feeds: floats are normal)."""
         rng = np.random.default_rng(seed)
-        return [
-            rng.standard_normal(i["shape"]).astype(i["dtype"]) if i["dtype"].startswith("float") else np.zeros(i["shape"], i["dtype"])
-            for i in self.manifest["inputs"]
-        ]  # fmt: skip
+        return [random_array(rng, tuple(i["shape"]), i["dtype"]) for i in self.manifest["inputs"]]
 
     def first_call_s(self, arrays) -> float:
         """Seconds the first call on ``arrays`` takes (the libraries' lazy set-up included);

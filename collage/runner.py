@@ -67,25 +67,24 @@ def random_inputs(func: relax.Function, seed: int = 0) -> list[np.ndarray]:
     ints (valid indices for gathers and embeddings), booleans."""
     rng = np.random.default_rng(seed)
     consumers = _direct_consumers(func)
-    arrays = []
-    for param in func.params:
-        ty = param.ty
-        shape, dtype = static_shape(ty), str(ty.dtype)
-        if dtype.startswith("float"):
-            x = rng.standard_normal(shape)
-            ops = consumers.get(param, set())
-            if ops & UNIT_INTERVAL:
-                x = np.tanh(x) * 0.95
-            elif ops & POSITIVE:
-                x = np.abs(x) + 0.1
-            elif ops & AT_LEAST_ONE:
-                x = np.abs(x) + 1.0
-            arrays.append(np.asarray(x).astype(dtype))
-        elif dtype == "bool":
-            arrays.append(rng.integers(0, 2, shape).astype(bool))
-        else:
-            arrays.append(rng.integers(0, 8, shape).astype(dtype))
-    return arrays
+    return [random_array(rng, static_shape(p.ty), str(p.ty.dtype), consumers.get(p, set())) for p in func.params]
+
+
+def random_array(rng: np.random.Generator, shape, dtype: str, consumers=frozenset()) -> np.ndarray:
+    """One input of ``random_inputs``: ``consumers`` names the operators it feeds, which
+    decide the domain of a float input."""
+    if dtype.startswith("float"):
+        x = rng.standard_normal(shape)
+        if consumers & UNIT_INTERVAL:
+            x = np.tanh(x) * 0.95
+        elif consumers & POSITIVE:
+            x = np.abs(x) + 0.1
+        elif consumers & AT_LEAST_ONE:
+            x = np.abs(x) + 1.0
+        return np.asarray(x).astype(dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    return rng.integers(0, 8, shape).astype(dtype)
 
 
 def _direct_consumers(func: relax.Function) -> dict[relax.Var, set[str]]:
@@ -144,10 +143,10 @@ def to_numpy(result):
 
 
 def numpy_outputs(result) -> list[np.ndarray]:
-    """A VM result (one tensor, or a tuple of them) as a list of numpy arrays."""
+    """A VM result as a flat list of numpy arrays, in order (``to_numpy`` keeps its tuples)."""
     if isinstance(result, tvm.runtime.Tensor):
         return [result.numpy()]
-    return [r.numpy() for r in result]
+    return [array for r in result for array in numpy_outputs(r)]
 
 
 def run_kernel(kernel, func: relax.Function, arrays: list[np.ndarray], device=None) -> list[np.ndarray]:
