@@ -100,8 +100,9 @@ def optimize(
     a weighted sum ("0.5*time+0.5*energy", ``substitute.Objective``); energy is read from
     ``meter``, by default this machine's (``collage.meters``: RAPL, NVML), and an objective
     that needs energy where there is no meter is an ``OptimizeError`` saying why. The
-    finalists (collage.finalists) are compared by time whatever the objective: timed against each other
-    and the fastest kept, the simplest among those within noise. Raises ``OptimizeError`` for
+    finalists (collage.finalists) are timed against each other (and metered, for an objective
+    that weighs energy) and the best under ``objective`` kept, the simplest among those within
+    noise. Raises ``OptimizeError`` for
     input it cannot handle; a failing backend candidate is excluded with its reason and never
     raises.
     """
@@ -222,17 +223,17 @@ def optimize(
 
     t = time.perf_counter()
     stage(f"timing {len(finalists)} finalist(s) against each other")
-    timed = time_finalists({name: f.vm for name, f in finalists.items()}, arrays, target)
+    timed = time_finalists({name: f.vm for name, f in finalists.items()}, arrays, target, meter=meter)
     measured = timed.costs
     stats["finalist_timing"] = {"others_busy_cores": timed.others_busy_cores, "attempts": timed.attempts}
-    chosen, note = choose(measured, {name: f.simplicity for name, f in finalists.items()})
+    chosen, note = choose(measured, {name: f.simplicity for name, f in finalists.items()}, objective)
     stats["final_timing_s"] = time.perf_counter() - t
     stats["alternatives"] = {
         name: {"estimated_ms": f.estimated_ms, "measured_ms": measured[name].median_ms,
-               "spread_ms": measured[name].spread_ms}
+               "spread_ms": measured[name].spread_ms, "energy_mj": measured[name].energy_mj}
         for name, f in finalists.items()
     }
-    stats["chosen"] = chosen
+    stats["chosen"], stats["objective"] = chosen, str(objective)
     if chosen == SUBSTITUTED_PLACEMENT:
         stats["substituted"] = [list(step) for step in substituted.applied]  # how to rebuild its graph
     if note:

@@ -30,8 +30,10 @@ from tvm import relax
 
 from .assemble import Assembly
 from .cost import Cost
+from .meters import EnergyMeter
 from .placement import Partition
 from .runner import device_for, to_tensors
+from .substitute.objective import Objective
 from .timing import Protocol, busy_cores_by_others, cpu_seconds, time_contenders
 
 FINALIST_PROTOCOL = Protocol(rounds=7, block_ms=60.0, settle_s=0.1)
@@ -69,9 +71,14 @@ class Timed(NamedTuple):
 
 
 def time_finalists(
-    vms: dict[str, relax.VirtualMachine], arrays: list[np.ndarray], target: str, protocol: Protocol = FINALIST_PROTOCOL
+    vms: dict[str, relax.VirtualMachine],
+    arrays: list[np.ndarray],
+    target: str,
+    protocol: Protocol = FINALIST_PROTOCOL,
+    meter: EnergyMeter | None = None,
 ) -> Timed:
-    """End-to-end cost of each module (label -> VM) on ``arrays``, timed against each other.
+    """End-to-end cost of each module (label -> VM) on ``arrays``, timed against each other
+    (and metered, with a ``meter``: the energy of one call, for objectives that weigh it).
 
     A shared host's other processes can take a core for seconds: on 2 cores a library that
     splits its work statically then runs nearly twice as slow while one that balances work
@@ -85,7 +92,7 @@ def time_finalists(
     quietest = None
     for attempt in range(1, ATTEMPTS + 1):
         before = cpu_seconds()
-        costs = time_contenders(calls, protocol)
+        costs = time_contenders(calls, protocol, meter)
         busy = busy_cores_by_others(before, cpu_seconds())
         if quietest is None or (busy is not None and busy < quietest.others_busy_cores):
             quietest = Timed(costs, busy, attempt)
@@ -102,17 +109,45 @@ def within_noise(cost: Cost, fastest: Cost) -> bool:
     return cost.median_ms - fastest.median_ms <= allowed
 
 
-def choose(measured: dict[str, Cost], simplicity: dict[str, tuple[int, int]]) -> tuple[str, str | None]:
-    """The finalist to keep, and a note when it is not the fastest: the simplest of those within
-    noise of the fastest (fewest libraries, then partitions, then the faster)."""
-    fastest = min(measured, key=lambda name: measured[name].median_ms)
-    tied = [name for name in measured if within_noise(measured[name], measured[fastest])]
-    chosen = min(tied, key=lambda name: (simplicity[name], measured[name].median_ms))
-    if chosen == fastest:
+def choose(
+    measured: dict[str, Cost], simplicity: dict[str, tuple[int, int]], objective: Objective = Objective()
+) -> tuple[str, str | None]:
+    """The finalist to keep, and a note when it is not the best: the simplest of those within
+    noise of the best under ``objective`` (fewest libraries, then partitions, then the best).
+
+    Time alone compares medians (``within_noise``). An objective that weighs energy compares
+    each finalist's ``objective.value`` of its measured time and energy, relative to the
+    fastest finalist's; its noise is the larger relative spread of the two finalists' times
+    (energy is metered over the same blocks) or ``NOISE_FLOOR``."""
+    if objective.is_time:
+        best = min(measured, key=lambda name: measured[name].median_ms)
+        tied = [name for name in measured if within_noise(measured[name], measured[best])]
+        value = {name: cost.median_ms for name, cost in measured.items()}
+    else:
+        value = _objective_values(measured, objective)
+        best = min(measured, key=value.get)
+        tied = [name for name in measured
+                if value[name] - value[best] <= _relative_noise(measured[name], measured[best]) * value[best]]  # fmt: skip
+    chosen = min(tied, key=lambda name: (simplicity[name], value[name]))
+    if chosen == best:
         return chosen, None
-    slower = measured[chosen].median_ms / measured[fastest].median_ms - 1
+    worse = value[chosen] / value[best] - 1
     libraries, partitions = simplicity[chosen]
+    what = "the fastest" if objective.is_time else f"the best for {objective}"
     return chosen, (
         f"kept {chosen!r} ({libraries} librar{'y' if libraries == 1 else 'ies'}, {partitions} partition(s)): "
-        f"within noise of the fastest, {fastest!r} ({slower:+.1%}), and simpler"
+        f"within noise of {what}, {best!r} ({worse:+.1%}), and simpler"
     )
+
+
+def _objective_values(measured: dict[str, Cost], objective: Objective) -> dict[str, float]:
+    unmetered = [name for name, cost in measured.items() if cost.energy_mj is None]
+    if unmetered:
+        raise ValueError(f"objective {objective} needs each finalist's energy; not metered: {', '.join(unmetered)}")
+    fastest = min(measured.values(), key=lambda cost: cost.median_ms)
+    reference = (fastest.median_ms, fastest.energy_mj)
+    return {name: objective.value(cost.median_ms, cost.energy_mj, reference) for name, cost in measured.items()}
+
+
+def _relative_noise(cost: Cost, best: Cost) -> float:
+    return max(cost.spread_ms / cost.median_ms, best.spread_ms / best.median_ms, NOISE_FLOOR)

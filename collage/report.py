@@ -134,12 +134,14 @@ def format_report(opt) -> str:
     s = opt.stats
     alternatives = s.get("alternatives", {})
     if len(alternatives) > 1:
-        lines += ["", "placements timed end to end (the fastest is kept; of those within noise, the simplest):"]
+        best = "the fastest" if s.get("objective", "time") == "time" else f"the best for {s['objective']}"
+        lines += ["", f"placements timed end to end ({best} is kept; of those within noise, the simplest):"]
         for name, a in alternatives.items():
             mark = "  <- kept" if name == s.get("chosen") else ""
             estimated = "-" if not math.isfinite(a["estimated_ms"]) else f"{a['estimated_ms']:.3f}"
             spread = f" ± {a['spread_ms']:.2g}" if "spread_ms" in a else ""
-            lines.append(f"  {name:<30} estimated {estimated:>9} ms, measured {a['measured_ms']:9.3f} ms{spread}{mark}")
+            energy = f", {a['energy_mj']:.3g} mJ" if a.get("energy_mj") is not None else ""
+            lines.append(f"  {name:<30} estimated {estimated:>9} ms, measured {a['measured_ms']:9.3f} ms{spread}{energy}{mark}")
         if "tie" in s:
             lines.append(f"  {s['tie']}")
         busy = s.get("finalist_timing", {}).get("others_busy_cores")

@@ -136,29 +136,51 @@ class Protocol:
     min_rounds: int = 3
 
 
-def time_contenders(calls: dict[str, Callable[[], object]], protocol: Protocol = Protocol()) -> dict[str, Cost]:
-    """Each call's latency under ``protocol``: median of block medians and its spread (ms)."""
-    return {name: Cost.of(*median_and_iqr(ms), samples=len(ms)) for name, ms in time_rounds(calls, protocol).items()}
+def time_contenders(
+    calls: dict[str, Callable[[], object]], protocol: Protocol = Protocol(), meter: EnergyMeter | None = None
+) -> dict[str, Cost]:
+    """Each call's latency under ``protocol``: median of block medians and its spread (ms).
+    With a ``meter``, also the energy of one call: the median over blocks of each block's
+    counter difference divided by its calls."""
+    rounds = _rounds(calls, protocol, meter)
+    return {
+        name: Cost.of(*median_and_iqr(ms), samples=len(ms),
+                      energy_mj=statistics.median(rounds.energy_mj[name]) if meter is not None else None)
+        for name, ms in rounds.ms.items()
+    }  # fmt: skip
 
 
 def time_rounds(calls: dict[str, Callable[[], object]], protocol: Protocol = Protocol()) -> dict[str, list[float]]:
     """Each call's block medians (ms), round by round, under ``protocol``; a contender that
     left the rounds (``budget_s``) has fewer."""
+    return _rounds(calls, protocol, None).ms
+
+
+@dataclass
+class _Blocks:
+    ms: dict[str, list[float]]  # each block's median call (ms), round by round
+    energy_mj: dict[str, list[float]]  # each block's energy per call (mJ), when metered
+
+
+def _rounds(calls, protocol: Protocol, meter: EnergyMeter | None) -> _Blocks:
     block = {name: _block_calls(call, protocol) for name, call in calls.items()}
     settle_s = protocol.settle_s if len(calls) > 1 else 0.0
-    medians: dict[str, list[float]] = {name: [] for name in calls}
+    blocks = _Blocks({name: [] for name in calls}, {name: [] for name in calls})
     spent = dict.fromkeys(calls, 0.0)
     share_s = protocol.budget_s / max(len(calls), 1) if protocol.budget_s else math.inf
     order = random.Random(protocol.seed)
     for _ in range(protocol.rounds):
-        active = [n for n in calls if len(medians[n]) < protocol.min_rounds or spent[n] < share_s]
+        active = [n for n in calls if len(blocks.ms[n]) < protocol.min_rounds or spent[n] < share_s]
         for name in order.sample(active, len(active)):
             if settle_s:
                 time.sleep(settle_s)
             began = time.perf_counter()
-            medians[name].append(statistics.median(_timed_block(calls[name], block[name])))
+            before = meter.read() if meter is not None else None
+            blocks.ms[name].append(statistics.median(_timed_block(calls[name], block[name])))
+            if meter is not None:
+                blocks.energy_mj[name].append(meter.joules(before, meter.read()) * 1e3 / block[name])
             spent[name] += time.perf_counter() - began
-    return medians
+    return blocks
 
 
 def paired_ratio(numerator: list[float], denominator: list[float]) -> tuple[float, float]:

@@ -24,6 +24,32 @@ def test_a_metered_call_has_the_energy_its_meter_read():
     assert time_call(lambda: None, FAST).energy_mj is None
 
 
+def test_contenders_timed_with_a_meter_have_each_their_energy():
+    from collage.timing import Protocol, time_contenders
+
+    calls = {"short": lambda: sum(range(2000)), "long": lambda: sum(range(20000))}
+    costs = time_contenders(calls, Protocol(rounds=3, block_ms=5.0, settle_s=0.0, warmup_s=0.01), ClockMeter(watts=100.0))
+    for cost in costs.values():  # 100 W times about each call's time (W x ms = mJ)
+        assert cost.energy_mj == pytest.approx(100.0 * cost.median_ms, rel=0.5)
+    assert costs["long"].energy_mj > costs["short"].energy_mj
+
+
+def test_finalists_are_chosen_by_the_objective():
+    from collage.finalists import choose
+
+    # A slower placement that draws less power: the best for energy, not for time.
+    measured = {"fast": Cost.of(1.0, 0.01, energy_mj=60.0), "frugal": Cost.of(1.3, 0.01, energy_mj=40.0)}
+    simplicity = {"fast": (2, 5), "frugal": (2, 5)}
+    assert choose(measured, simplicity) == ("fast", None)
+    assert choose(measured, simplicity, Objective.parse("energy")) == ("frugal", None)
+    # Weighted half and half: fast 0.5 + 0.5 = 1.0 against frugal 0.65 + 0.33 = 0.98, a tie
+    # within noise (2%) that goes to the simpler one.
+    chosen, note = choose(measured, {"fast": (1, 1), "frugal": (2, 5)}, Objective.parse("0.5*time+0.5*energy"))
+    assert chosen == "fast" and "within noise of the best for 0.5*time+0.5*energy, 'frugal'" in note
+    with pytest.raises(ValueError, match="not metered: fast"):
+        choose({**measured, "fast": Cost.of(1.0, 0.01)}, simplicity, Objective.parse("energy"))
+
+
 def test_energy_is_logged_beside_time_and_filled_in_later(tmp_path):
     from collage.cost_log import LogKey
 
@@ -83,6 +109,10 @@ def test_optimize_for_energy_measures_energy_and_searches_with_it(tmp_path):
     assert found["objective"] == "energy" and found["initial_cost"] == pytest.approx(1.0)
     assert found["rules_applied"] == {"fold_matmul_into_matmul": 1} and found["best_cost"] < 1.0
     assert "objective energy" in opt.report()
+    # The finalists were metered too, and compared by energy.
+    assert opt.stats["objective"] == "energy"
+    assert all(a["energy_mj"] > 0 for a in opt.stats["alternatives"].values())
+    assert opt.measured.energy_mj > 0
     # Every kernel measured while searching has its energy in the log, beside its time.
     valid = [row for row in CostLog(tmp_path / "c.sqlite").rows() if row.failure is None]
     assert valid and all(row.energy_mj is not None and row.energy_mj > 0 for row in valid)
