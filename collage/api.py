@@ -27,6 +27,7 @@ from .cost_log import CostLog
 from .end_to_end import EndToEnd, wrong_result
 from .engine_alone import EngineAloneFailed, blockers, blockers_text, from_onnx_file
 from .finalists import Finalist, choose, time_finalists
+from .frontend import ModelImportError, import_model
 from .isolation import MeasureRunner
 from .measure import Measurer, default_threads, pin_threads
 from .meters import EnergyMeter, NoEnergyMeter, energy_meter
@@ -61,6 +62,8 @@ def optimize(
     *,
     params: Mapping[str, np.ndarray] | None = None,
     onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
+    example_inputs=None,
+    shapes: Mapping[str, Iterable[int]] | None = None,
     threads: int | None = None,
     simplify: bool = True,
     timing: Timing = Timing(),
@@ -81,7 +84,10 @@ def optimize(
     ``mod`` is a Relax IRModule with static shapes; weights are bound as constants, or given
     as ``params`` (name -> array) to bind. ``onnx_model`` is the ONNX model (or file) ``mod``
     was imported from, if any: each inference engine then also runs it whole, as its users
-    would, among the finalists. ``backends`` defaults to every registered backend (a
+    would, among the finalists. ``mod`` may also be a model still to import
+    (``collage.frontend.import_model``): an ONNX file or ``onnx.ModelProto`` (``shapes``, input
+    name -> shape, fixes dynamic inputs), which is then the ``onnx_model`` too; or a
+    ``torch.nn.Module`` in eval mode with ``example_inputs`` (a tensor or a tuple of them). ``backends`` defaults to every registered backend (a
     BackendSet, or backends and backend names); those that cannot run here are left out with
     their reason (``opt.excluded``). Costs are read from and written to ``cost_log`` (a
     CostLog or a path; default ``~/.cache/collage/costs.sqlite`` or ``$COLLAGE_COST_LOG``).
@@ -119,6 +125,11 @@ def optimize(
     objective, meter = _objective_and_meter(objective, meter, substitutions, target)
     threads = threads or default_threads()
     pin_threads(threads)
+    try:
+        mod, from_file = import_model(mod, example_inputs, shapes)
+    except ModelImportError as err:
+        raise OptimizeError(str(err)) from None
+    onnx_model = from_file if onnx_model is None else onnx_model
     original = bound_main(mod, params)
     backend_set = make_backend_set(backends)
     usable, excluded = backend_set.usable(target)

@@ -1,8 +1,10 @@
-"""Importing models: an ONNX file becomes a Relax IRModule with its weights bound.
+"""Importing models: an ONNX model (a file or an ``onnx.ModelProto``) or a PyTorch module
+becomes a Relax IRModule with its weights bound.
 
-``collage.optimize`` takes a Relax module; this is how a file on disk gets there, with one
-clear sentence for each way it can go wrong (no such file, not ONNX, an operator TVM's
-importer lacks), so the command line can show that sentence instead of a traceback.
+``collage.optimize`` places a Relax module; ``import_model`` is how the other kinds of model a
+user hands it get there, through TVM's own importers, with one clear sentence for each way it
+can go wrong (no such file, not ONNX, an operator an importer lacks, a module in training
+mode), so the command line and ``optimize`` can show that sentence instead of a traceback.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import tvm
 
@@ -24,20 +28,78 @@ class ModelImportError(Exception):
     """The model file cannot be imported; the message names the file and the reason."""
 
 
-def load_onnx(path: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None) -> tvm.IRModule:
-    """The ONNX model at ``path`` as a Relax IRModule whose ``main`` takes the model's inputs,
-    weights bound as constants. ``shapes`` (input name -> shape) fixes inputs the file leaves
-    dynamic, such as a batch dimension; collage needs static shapes."""
+class Imported(NamedTuple):
+    mod: tvm.IRModule
+    onnx_model: object | None  # the ONNX model it came from, for the engines to run whole
+
+
+def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]] | None = None) -> Imported:
+    """``model`` as a Relax IRModule: a Relax module as it is; an ONNX model (a file, or an
+    ``onnx.ModelProto``), its dynamic inputs fixed by ``shapes``; a ``torch.nn.Module`` or
+    ``torch.export.ExportedProgram``, exported for ``example_inputs``."""
+    if isinstance(model, tvm.IRModule):
+        if example_inputs is not None or shapes:
+            raise ModelImportError("example_inputs and shapes are for models still to import, not a Relax module")
+        return Imported(model, None)
+    if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "ModelProto":
+        if example_inputs is not None:
+            raise ModelImportError("example_inputs are for a PyTorch module; an ONNX model's dynamic inputs take shapes=")
+        return Imported(load_onnx(model, shapes), model)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
+        if shapes:
+            raise ModelImportError("shapes are for an ONNX model; a PyTorch module takes example_inputs of its shapes")
+        return Imported(load_torch(model, example_inputs), None)
+    raise ModelImportError(
+        f"cannot optimize a {type(model).__name__}: collage takes a Relax tvm.IRModule, an ONNX model (a file "
+        "or an onnx.ModelProto) or a PyTorch module (torch.nn.Module with example_inputs)"
+    )
+
+
+def load_torch(module, example_inputs) -> tvm.IRModule:
+    """A PyTorch module (or exported program) as a Relax IRModule, by ``torch.export`` on
+    ``example_inputs`` (a tensor or a tuple of them: the shapes it will be called with) and
+    TVM's importer, weights bound as constants. Inference only: a module in training mode is
+    refused, since its batch norms and dropouts would compute something else."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    if isinstance(module, torch.nn.Module) and module.training:
+        raise ModelImportError("the PyTorch module is in training mode; collage optimizes inference: call .eval() first")
+    if isinstance(module, torch.export.ExportedProgram):
+        exported = module
+    else:
+        if example_inputs is None:
+            raise ModelImportError("a PyTorch module needs example_inputs: a tensor, or a tuple of them, of the shapes it takes")
+        inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+        try:
+            exported = torch.export.export(module, inputs)
+        except Exception as err:  # noqa: BLE001 -- torch.export's errors share no type
+            raise ModelImportError(f"torch.export cannot export the module: {type(err).__name__}: {first_line(err)}") from None
+    try:
+        return from_exported_program(exported, keep_params_as_input=False)
+    except Exception as err:  # noqa: BLE001 -- "Unsupported function types [...]" is an AssertionError
+        raise ModelImportError(f"TVM's PyTorch importer cannot import it: {first_line(err)}") from None
+
+
+def load_onnx(source, shapes: Mapping[str, Sequence[int]] | None = None) -> tvm.IRModule:
+    """The ONNX model at ``source`` (a path, or an ``onnx.ModelProto``) as a Relax IRModule
+    whose ``main`` takes the model's inputs, weights bound as constants. ``shapes`` (input
+    name -> shape) fixes inputs the file leaves dynamic, such as a batch dimension; collage
+    needs static shapes."""
     import onnx
     from google.protobuf.message import DecodeError
 
-    path = Path(path)
-    if not path.is_file():
-        raise ModelImportError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
-    try:
-        model = onnx.load(path)
-    except DecodeError as err:
-        raise ModelImportError(f"{path}: not an ONNX model (protobuf: {err})") from None
+    if isinstance(source, onnx.ModelProto):
+        path, model = Path("the ONNX model"), source
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ModelImportError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+        try:
+            model = onnx.load(path)
+        except DecodeError as err:
+            raise ModelImportError(f"{path}: not an ONNX model (protobuf: {err})") from None
     if not model.graph.node:
         raise ModelImportError(f"{path}: not an ONNX model (it holds no graph)")
     _check_shapes(path, model, shapes)

@@ -30,7 +30,8 @@ import tvm
 from . import api
 
 # What ``options`` may set: optimize's arguments that are not the model itself.
-OPTIONS = tuple(name for name in inspect.signature(api.optimize).parameters if name not in ("mod", "params", "onnx_model"))
+MODEL_ARGUMENTS = ("mod", "params", "onnx_model", "example_inputs", "shapes")
+OPTIONS = tuple(name for name in inspect.signature(api.optimize).parameters if name not in MODEL_ARGUMENTS)
 
 
 class TorchCompileError(Exception):

@@ -1,0 +1,84 @@
+"""Importing what users hand collage: a Relax module, an ONNX file or ModelProto, a PyTorch
+module; each refusal is one clear line."""
+
+import re
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import tvm
+
+import collage
+from collage.frontend import ModelImportError, import_model
+from collage.timing import Timing
+from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
+
+FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.3, budget_s=0.3)
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def test_an_onnx_file_or_modelproto_imports_and_is_kept_for_the_engines(tmp_path):
+    path = write_tiny_model(tmp_path / "tiny.onnx")
+    for source in (path, str(path), onnx.load(path)):
+        mod, onnx_model = import_model(source)
+        assert isinstance(mod, tvm.IRModule) and onnx_model is source
+    relax_mod = mod
+    assert import_model(relax_mod) == (relax_mod, None)
+
+
+def test_a_torch_module_imports_for_its_example_inputs():
+    torch.manual_seed(0)
+    model, x = Tiny().eval(), torch.randn(1, 3, 8, 8)
+    mod, onnx_model = import_model(model, example_inputs=x)
+    assert onnx_model is None and [tuple(p.ty.shape) for p in mod["main"].params] == [(1, 3, 8, 8)]
+    exported = torch.export.export(model, (x,))
+    assert isinstance(import_model(exported).mod, tvm.IRModule)
+
+
+@pytest.mark.parametrize(
+    "model, kwargs, message",
+    [
+        (Tiny(), {"example_inputs": torch.randn(1, 3, 8, 8)}, "training mode; collage optimizes inference: call .eval()"),
+        (Tiny().eval(), {}, "a PyTorch module needs example_inputs"),
+        (Tiny().eval(), {"example_inputs": torch.randn(1, 3, 8, 8), "shapes": {"x": [1]}}, "shapes are for an ONNX model"),
+        (np.zeros(3), {}, "cannot optimize a ndarray: collage takes a Relax tvm.IRModule, an ONNX model"),
+        ("missing.onnx", {}, "missing.onnx: no such file"),
+    ],
+)
+def test_what_cannot_be_imported_is_one_clear_line(model, kwargs, message):
+    with pytest.raises(ModelImportError, match=re.escape(message)) as raised:
+        import_model(model, **kwargs)
+    assert "\n" not in str(raised.value)
+
+
+def test_optimize_takes_an_onnx_file_and_runs_it_on_each_engine_too(tmp_path):
+    path = write_tiny_model(tmp_path / "tiny.onnx")
+    opt = collage.optimize(path, backends=["tvm", "onnxruntime"], cost_log=tmp_path / "c.sqlite", timing=FAST,
+                           progress=False)  # fmt: skip
+    assert "onnxruntime on the ONNX file" in opt.stats["alternatives"]
+    x = np.random.default_rng(0).standard_normal(INPUT_SHAPE).astype("float32")
+    reference = collage.optimize(collage.load_onnx(path), backends=["tvm"], cost_log=tmp_path / "c.sqlite",
+                                 timing=FAST, progress=False)  # fmt: skip
+    np.testing.assert_allclose(opt(x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_optimize_takes_a_torch_module_and_matches_it(tmp_path):
+    torch.manual_seed(0)
+    model, x = Tiny().eval(), torch.randn(1, 3, 8, 8)
+    opt = collage.optimize(model, example_inputs=(x,), backends=["tvm"], cost_log=tmp_path / "c.sqlite",
+                           timing=FAST, progress=False)  # fmt: skip
+    with torch.no_grad():
+        expected = model(x).numpy()
+    (out,) = opt(x.numpy())  # TVM's PyTorch importer returns a tuple of the outputs
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    with pytest.raises(collage.OptimizeError, match="training mode"):
+        collage.optimize(model.train(), example_inputs=(x,), backends=["tvm"], cost_log=tmp_path / "c.sqlite")
