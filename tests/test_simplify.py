@@ -174,6 +174,49 @@ def test_batch_norm_in_training_mode_is_kept():
     assert report.applied("batch_norm_to_affine") == 0
 
 
+@pytest.mark.parametrize("case", ["conv2d", "conv1d_transpose"])
+def test_batch_norm_after_a_conv_with_a_bias_folds_into_it_leaving_one_bias(case):
+    # nn.Conv2d(bias=True) then nn.BatchNorm2d, as PyTorch's importer emits it.
+    shape, conv, weight_shape, attrs, axis = CONV_BN_CASES[case]
+
+    def build(bb, x):
+        y = _conv(bb, conv, x, weight_shape, **attrs)
+        channels = int(y.ty.shape.values[axis])
+        bias = _random(channels).reshape((channels,) + (1,) * (len(shape) - 2))
+        biased = bb.emit(relax.op.add(y, relax.const(bias)))
+        return nn.relu(_batch_norm(bb, biased, channels, axis))
+
+    after, report = _simplify(_module(shape, build))
+    assert op_histogram(after) == {f"relax.nn.{conv.__name__}": 1, "relax.add": 1, "relax.nn.relu": 1}
+    assert report.applied("scale_before_bias") == 1 and report.applied("merge_constant_adds") == 1
+
+
+def test_a_biased_conv_read_elsewhere_keeps_its_scale_after_the_bias():
+    def build(bb, x):
+        biased = bb.emit(relax.op.add(_conv(bb, nn.conv2d, x, (4, 3, 3, 3)), relax.const(_random(4, 1, 1))))
+        return relax.op.add(_batch_norm(bb, biased, 4), biased)
+
+    after, report = _simplify(_module((1, 3, 8, 8), build))
+    assert op_histogram(after) == {"relax.nn.conv2d": 1, "relax.multiply": 1, "relax.add": 3}
+    assert report.applied("scale_before_bias") == 0
+
+
+def test_constant_adds_in_a_row_merge_unless_the_first_sum_is_read():
+    def build(bb, x):
+        first = bb.emit(relax.op.add(x, relax.const(_random(4))))
+        return relax.op.add(first, relax.const(_random(1, 4)))
+
+    after, report = _simplify(_module((2, 4), build))
+    assert op_histogram(after) == {"relax.add": 1} and report.applied("merge_constant_adds") == 1
+
+    def read_twice(bb, x):
+        first = bb.emit(relax.op.add(x, relax.const(_random(4))))
+        return relax.Tuple([bb.emit(relax.op.add(first, relax.const(_random(4)))), first])
+
+    after, report = _simplify(_module((2, 4), read_twice))
+    assert op_histogram(after) == {"relax.add": 2} and report.applied("merge_constant_adds") == 0
+
+
 # --------------------------------------------------------------------------- identities
 
 ZEROS, ONES = np.zeros((4,), "float32"), np.ones((4,), "float32")

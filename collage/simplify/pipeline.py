@@ -18,7 +18,7 @@ import tvm
 import tvm_ffi
 from tvm.relax import transform
 
-from .batch_norm import BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV
+from .batch_norm import BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, MERGE_CONSTANT_ADDS, SCALE_BEFORE_BIAS
 from .constants import FOLD_ARANGE
 from .idioms import CLIP_FROM_MAX_MIN, TE_CALLS_AS_OPS
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE
@@ -67,7 +67,9 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     TvmPass("FoldConstant", transform.FoldConstant),  # also pre-transposes constant matmul operands
     CLIP_FROM_MAX_MIN,
     BATCH_NORM_TO_AFFINE,
+    SCALE_BEFORE_BIAS,
     FOLD_SCALE_INTO_CONV,
+    MERGE_CONSTANT_ADDS,
     ADD_ZERO,
     MULTIPLY_ONE,
     BROADCAST_TO_SAME_SHAPE,
