@@ -319,6 +319,38 @@ def test_constants_become_initializers():
     np.testing.assert_array_equal(numpy_helper.to_array(initializer), weight)
 
 
+def _hard_swish(x):
+    return op.divide(op.multiply(x, op.clip(op.add(x, relax.const(3.0)), 0, 6)), relax.const(6.0))
+
+
+def _hard_sigmoid(z):
+    return op.divide(op.clip(z, 0, 6), relax.const(6.0))
+
+
+@pytest.mark.parametrize(
+    "make, fused",
+    [
+        (_hard_swish, {"HardSwish"}),
+        (lambda x: _hard_sigmoid(op.add(x, relax.const(3.0))), {"HardSigmoid"}),
+        (_hard_sigmoid, {"HardSigmoid"}),  # the 3 already inside a bias
+        # near misses: another bound, another divisor, the clip read twice
+        (lambda x: op.divide(op.multiply(x, op.clip(op.add(x, relax.const(3.0)), 0, 5)), relax.const(6.0)), set()),
+        (lambda x: op.divide(op.clip(op.add(x, relax.const(3.0)), 0, 6), relax.const(5.0)), set()),
+        (lambda x: (lambda c: op.add(op.divide(c, relax.const(6.0)), c))(op.clip(x, 0, 6)), set()),
+    ],
+)
+def test_hard_activations_become_onnx_operators_where_they_match(make, fused):
+    func = function(make, X)
+    model = to_onnx(func)
+    found = {n.op_type for n in model.graph.node} & {"HardSwish", "HardSigmoid"}
+    assert found == fused
+    if fused:
+        assert {n.op_type for n in model.graph.node} == fused | {"Identity"}
+        assert [i.name for i in model.graph.initializer] == []  # the fused constants are gone
+    arrays = [runner.random_inputs(func)[0] * 4]
+    assert runner.mismatch(run_onnx(func, arrays), runner.run_reference(func, arrays)) is None
+
+
 # ------------------------------------------------------------------ what does not convert
 
 

@@ -581,6 +581,22 @@ def test_the_onnx_importers_clip_becomes_one_clip_again():
     _assert_close(_run(simplified, [x]), _run(imported, [x]), 1e-6)
 
 
+def test_clips_in_a_row_become_one_unless_the_first_is_read():
+    # ReLU6 as PyTorch's importer writes it: clip(0, inf), then clip(-inf, 6).
+    def relu6(bb, x):
+        return relax.op.clip(bb.emit(relax.op.clip(x, 0.0, float("inf"))), float("-inf"), 6.0)
+
+    after, report = _simplify(_module((2, 8), lambda bb, x: relu6(bb, bb.emit(x * relax.const(4.0)))))
+    assert dict(op_histogram(after)) == {"relax.multiply": 1, "relax.clip": 1} and report.applied("merge_clips") == 1
+
+    def first_read_too(bb, x):
+        first = bb.emit(relax.op.clip(x, 0.0, float("inf")))
+        return relax.op.add(bb.emit(relax.op.clip(first, float("-inf"), 6.0)), first)
+
+    after, report = _simplify(_module((2, 8), first_read_too))
+    assert op_histogram(after)["relax.clip"] == 2 and report.applied("merge_clips") == 0
+
+
 def test_a_call_tir_that_is_not_its_namesakes_legalization_stays():
     from tvm import topi
 

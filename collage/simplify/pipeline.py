@@ -20,7 +20,7 @@ from tvm.relax import transform
 
 from .batch_norm import BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, MERGE_CONSTANT_ADDS, SCALE_BEFORE_BIAS
 from .constants import FOLD_ARANGE
-from .idioms import CLIP_FROM_MAX_MIN, TE_CALLS_AS_OPS
+from .idioms import CLIP_FROM_MAX_MIN, MERGE_CLIPS, TE_CALLS_AS_OPS
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE
 from .ops import binding_count, op_count
 from .transposes import COMPOSE_PERMUTE_DIMS, IDENTITY_PERMUTE_DIMS, MATMUL_OF_TRANSPOSES
@@ -66,6 +66,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     FOLD_ARANGE,
     TvmPass("FoldConstant", transform.FoldConstant),  # also pre-transposes constant matmul operands
     CLIP_FROM_MAX_MIN,
+    MERGE_CLIPS,
     BATCH_NORM_TO_AFFINE,
     SCALE_BEFORE_BIAS,
     FOLD_SCALE_INTO_CONV,
