@@ -1011,12 +1011,12 @@ def _hard_activations(nodes: list, initializers: list) -> list:
         if n.op_type != "Div" or scalars.get(n.input[1]) != 6.0 or n.input[1] not in float32:
             continue
         clipped = relu6(n.input[0])
-        if clipped is not None:  # relu6(z) / 6 is hard-sigmoid; z = x + 3 (a bias may hold the 3)
-            z, clip = clipped
-            shifted = plus_3(z)
-            x, beta, parts = (shifted[0], 0.5, [clip, shifted[1]]) if shifted else (z, 0.0, [clip])
-            replaced[id(n)] = helper.make_node("HardSigmoid", [x], list(n.output), alpha=1 / 6, beta=beta)
-            dropped.update(id(p) for p in parts)
+        shifted = plus_3(clipped[0]) if clipped is not None else None
+        if shifted is not None:  # relu6(x + 3) / 6
+            # Only with the 3 in an add of its own: OpenVINO 2026.4's HardSigmoid with beta=0
+            # (the 3 folded into a bias) computes as if beta were 0.5.
+            replaced[id(n)] = helper.make_node("HardSigmoid", [shifted[0]], list(n.output), alpha=1 / 6, beta=0.5)
+            dropped.update(id(p) for p in [clipped[1], shifted[1]])
             continue
         mul = made_by(n.input[0], "Mul")
         for operand in mul.input if mul is not None else ():
