@@ -121,9 +121,11 @@ def run_tvm(case, directory: Path) -> Outcome:
         return Outcome(REFUSED, f"{type(err).__name__}: {first_line(err)}")
 
 
-def run_collage(case, directory: Path, cost_log=None, backends=None) -> Outcome:
-    """``collage.optimize`` on the imported model, given the file as a user's CLI run would."""
+def run_collage(case, directory: Path, cost_log=None, backends=None, timing=None) -> Outcome:
+    """``collage.optimize`` on the imported model, given the file as a user's CLI run would;
+    ``timing`` of each candidate (``collage.timing.Timing``; default optimize's)."""
     import collage
+    from collage.timing import Timing
     from collage.frontend import ModelImportError
     from collage.runner import first_line
 
@@ -132,7 +134,8 @@ def run_collage(case, directory: Path, cost_log=None, backends=None) -> Outcome:
     except ModelImportError as err:
         return Outcome(REFUSED, str(err).partition(": ")[2])
     try:
-        opt = collage.optimize(mod, backends=backends, cost_log=cost_log, onnx_model=path, progress=False)
+        opt = collage.optimize(mod, backends=backends, cost_log=cost_log, onnx_model=path, progress=False,
+                               timing=timing or Timing())
     except collage.OptimizeError as err:
         return Outcome(REFUSED, str(err))
     except Exception as err:  # noqa: BLE001 -- anything else is collage's defect

@@ -6,9 +6,12 @@ each way collage used to lose a case TVM ran (NaN in a reference, importer idiom
 
 import pytest
 
+from collage.timing import Timing
 from experiments.onnx_node_tests import CRASHED, RIGHT, case_named, run_collage, run_tvm
 
 BACKENDS = ["tvm", "onnxruntime", "openvino"]
+# What is right does not depend on how long each candidate is timed.
+FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.2, budget_s=0.2)
 CASES = [
     # families the zoo and common models use
     "test_gemm_default_single_elem_vector_bias", "test_averagepool_2d_ceil",
@@ -26,7 +29,7 @@ def test_wherever_tvm_alone_is_right_collage_is_right(name, tmp_path):
     case = case_named(name)
     tvm_alone = run_tvm(case, tmp_path)
     # The engines take whole files; the op-level libraries' kernels are tested on their own.
-    collage = run_collage(case, tmp_path, cost_log=tmp_path / "costs.sqlite", backends=BACKENDS)
+    collage = run_collage(case, tmp_path, cost_log=tmp_path / "costs.sqlite", backends=BACKENDS, timing=FAST)
     assert collage.status != CRASHED, collage.detail
     if tvm_alone.status == RIGHT:
         assert collage.status == RIGHT, collage.detail
