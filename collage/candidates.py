@@ -9,6 +9,7 @@ are measured once.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -20,6 +21,16 @@ from .subgraph import SubGraph
 REGION_SUFFIX = ".region"  # an inference engine's largest-region candidates are named "<backend>.region"
 PART_SUFFIX = ".part"  # "<backend>.part": the first or the last part of such a region, cut at one tensor
 MAX_CUTS = 4  # cut places per region, spread evenly over it
+# Groups grown from one seed, smallest first. Where element-wise operators are densely
+# connected the connected groups of up to ``max_size`` are countless (an LSTM unrolled over
+# 20 steps: 690,000 from one seed, and optimize never got past generating them); the zoo's
+# busiest seed grows 232 (NASNet's concatenations).
+MAX_GROUPS_PER_SEED = 256
+# Past this many groups per node of the graph (the zoo grows at most 10), each further seed
+# grows only its smallest few: every operator keeps its small fusions, and the count stays
+# linear in the graph.
+GROUPS_PER_NODE = 12
+GROUPS_PER_SEED_PAST_BUDGET = 8
 
 
 @dataclass(frozen=True)
@@ -62,15 +73,22 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
     such a member can go without disconnecting the rest, which holds for the chains, fans
     and diamonds of real models. It keeps the search from wandering through values shared
     far apart (BERT's attention mask feeds every layer).
+
+    Groups grow breadth first, so the smallest come first, and each seed grows at most
+    ``MAX_GROUPS_PER_SEED`` of them; once the graph has grown ``GROUPS_PER_NODE`` per node,
+    ``GROUPS_PER_SEED_PAST_BUDGET`` (see there why).
     """
     valid = [rule.valid_op(graph, node) for node in graph]
     seen: set[frozenset[int]] = set()
+    budget, grown = GROUPS_PER_NODE * len(graph), 0
     for seed in graph:
         if not valid[seed.index]:
             continue
-        todo = [SubGraph(graph, frozenset({seed.index}))]
-        while todo:
-            group = todo.pop()
+        cap = MAX_GROUPS_PER_SEED if grown < budget else GROUPS_PER_SEED_PAST_BUDGET
+        todo, taken = deque([SubGraph(graph, frozenset({seed.index}))]), 0
+        while todo and taken < cap:
+            group = todo.popleft()
+            taken += 1
             if group.has_tensor_boundary():
                 yield group
             if len(group) == rule.max_size:
@@ -82,6 +100,7 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
                     bigger = group.union(n)
                     if bigger.is_convex():
                         todo.append(bigger)
+        grown += taken
 
 
 def _neighbours(graph: DataflowGraph, group: SubGraph) -> list[int]:

@@ -199,6 +199,29 @@ def test_rule_with_tuples_and_tuple_output():
     assert SubGraph(g, S(3, 4)).outputs == (3, 4)  # both are function outputs
 
 
+def test_densely_connected_element_wise_ops_grow_a_bounded_number_of_groups():
+    # Each op reads the two before it (an unrolled LSTM's gates are as dense): the connected
+    # groups of up to 8 are countless, and growing them all never finished.
+    from collage.candidates import GROUPS_PER_NODE, GROUPS_PER_SEED_PAST_BUDGET
+
+    x = relax.Var("x", relax.TensorType((4, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            values = [bb.emit(relax.op.sigmoid(x)), bb.emit(relax.op.tanh(x))]
+            for k in range(120):
+                op = (relax.op.add, relax.op.multiply)[k % 2]
+                values.append(bb.emit(op(values[-1], values[-2])))
+            out = bb.emit_output(values[-1])
+        bb.emit_func_output(out)
+    graph = DataflowGraph.from_module(bb.get())
+    grown = sets(grow_rule(graph, TVM_RULE))
+    assert len(grown) <= (GROUPS_PER_NODE + GROUPS_PER_SEED_PAST_BUDGET) * len(graph)
+    assert {S(i) for i in range(len(graph))} <= grown  # every op keeps its own kernel
+    assert sum(len(g) == 2 for g in grown) >= len(graph) - 2  # and its fusions with a neighbour
+    assert max(len(g) for g in grown) == TVM_RULE.max_size  # early seeds still grow large groups
+
+
 def test_valid_op_limits_the_rule():
     g = DataflowGraph.from_module(Diamond)
     no_exp = PatternRule("test.no_exp", lambda graph, n: n.op != "relax.exp", anchor_then_elementwise)
