@@ -351,7 +351,7 @@ def test_hard_activations_become_onnx_operators_where_they_match(make, fused):
     arrays = [runner.random_inputs(func)[0] * 4]
     expected = runner.run_reference(func, arrays)
     assert runner.mismatch(run_onnx(func, arrays), expected) is None
-    from backends.openvino import compile_onnx  # the other engine reading these operators
+    from collage.backends.openvino import compile_onnx  # the other engine reading these operators
 
     outputs = runner.to_tensors([np.empty_like(expected[0])])
     compile_onnx(model, "llvm")(*runner.to_tensors(arrays), *outputs)
