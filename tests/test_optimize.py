@@ -175,7 +175,8 @@ def test_params_are_bound_by_name(tmp_path):
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda log: collage.optimize("model.onnx", cost_log=log), "takes a Relax tvm.IRModule, not str"),
+        (lambda log: collage.optimize("model.onnx", cost_log=log), "model.onnx: no such file"),
+        (lambda log: collage.optimize(42, cost_log=log), "cannot optimize a int: collage takes a Relax tvm.IRModule"),
         (lambda log: collage.optimize(Unary, target="vulkan", cost_log=log), "unknown target 'vulkan'"),
         (lambda log: collage.optimize(Unary, backends=["tvm", "nope"], cost_log=log), "unknown backend 'nope'"),
         (lambda log: collage.optimize(Unary, backends=[NUMPY], cost_log=log), "'tvm' backend must be among"),
