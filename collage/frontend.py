@@ -41,10 +41,13 @@ def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]]
         if example_inputs is not None or shapes:
             raise ModelImportError("example_inputs and shapes are for models still to import, not a Relax module")
         return Imported(model, None)
-    if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "ModelProto":
+    import onnx
+
+    if isinstance(model, (str, os.PathLike, onnx.ModelProto)):
         if example_inputs is not None:
             raise ModelImportError("example_inputs are for a PyTorch module; an ONNX model's dynamic inputs take shapes=")
-        return Imported(load_onnx(model, shapes), model)
+        label, proto = _read_onnx(model)  # read once: the engines run the same model whole
+        return Imported(_import_onnx(label, proto, shapes), proto)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
         if shapes:
@@ -87,19 +90,26 @@ def load_onnx(source, shapes: Mapping[str, Sequence[int]] | None = None) -> tvm.
     whose ``main`` takes the model's inputs, weights bound as constants. ``shapes`` (input
     name -> shape) fixes inputs the file leaves dynamic, such as a batch dimension; collage
     needs static shapes."""
+    return _import_onnx(*_read_onnx(source), shapes)
+
+
+def _read_onnx(source):
+    """(what error lines call it, the ModelProto) of a path or a ModelProto."""
     import onnx
     from google.protobuf.message import DecodeError
 
     if isinstance(source, onnx.ModelProto):
-        path, model = Path("the ONNX model"), source
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ModelImportError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
-        try:
-            model = onnx.load(path)
-        except DecodeError as err:
-            raise ModelImportError(f"{path}: not an ONNX model (protobuf: {err})") from None
+        return Path("the ONNX model"), source
+    path = Path(source)
+    if not path.is_file():
+        raise ModelImportError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    try:
+        return path, onnx.load(path)
+    except DecodeError as err:
+        raise ModelImportError(f"{path}: not an ONNX model (protobuf: {err})") from None
+
+
+def _import_onnx(path: Path, model, shapes) -> tvm.IRModule:
     if not model.graph.node:
         raise ModelImportError(f"{path}: not an ONNX model (it holds no graph)")
     _check_shapes(path, model, shapes)

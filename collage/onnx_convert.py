@@ -18,6 +18,7 @@ a backend's rule and the real conversion cannot disagree.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Union
@@ -983,10 +984,7 @@ def _hard_activations(nodes: list, initializers: list) -> list:
     scalars = {t.name: float(numpy_helper.to_array(t)) for t in initializers if not t.dims}
     float32 = {t.name for t in initializers if t.data_type == onnx.TensorProto.FLOAT}  # CPU kernels' type
     producer = {out: n for n in nodes for out in n.output}
-    readers: dict[str, int] = {}
-    for n in nodes:
-        for name in n.input:
-            readers[name] = readers.get(name, 0) + 1
+    readers = Counter(name for n in nodes for name in n.input)
 
     def made_by(name, op_type):  # the node making ``name``, read by one node only
         n = producer.get(name)

@@ -28,9 +28,12 @@ class Tiny(torch.nn.Module):
 
 def test_an_onnx_file_or_modelproto_imports_and_is_kept_for_the_engines(tmp_path):
     path = write_tiny_model(tmp_path / "tiny.onnx")
-    for source in (path, str(path), onnx.load(path)):
+    proto = onnx.load(path)
+    for source in (path, str(path), proto):
         mod, onnx_model = import_model(source)
-        assert isinstance(mod, tvm.IRModule) and onnx_model is source
+        # The file is read once, and that very model goes to the engines.
+        assert isinstance(mod, tvm.IRModule) and onnx_model == proto
+    assert import_model(proto).onnx_model is proto
     relax_mod = mod
     assert import_model(relax_mod) == (relax_mod, None)
 

@@ -8,26 +8,18 @@ mask) is never folded. Materializing the ``arange`` lets FoldConstant fold the r
 from __future__ import annotations
 
 import numpy as np
-import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
+from .ops import literal
 from .pattern_rewrite import Matches, PatternRewrite
 
 _arange = is_op("relax.arange")(wildcard(), wildcard(), wildcard())
 
 
-def _literal(value) -> int | float | None:
-    if isinstance(value, tvm.tirx.IntImm):
-        return int(value.value)
-    if isinstance(value, tvm.tirx.FloatImm):
-        return float(value.value)
-    return None
-
-
 def _fold_arange(matches: Matches, single_use: set) -> relax.Expr | None:
     call = matches[_arange]
-    start, end, step = (_literal(arg) for arg in call.args)
+    start, end, step = (literal(arg) for arg in call.args)
     if None in (start, end, step):
         return None  # a symbolic bound: the length is not known before run time
     dtype = str(call.ty.dtype)

@@ -20,6 +20,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
+from .ops import literal
 from .pattern_rewrite import Matches, PatternRewrite
 
 # Operators whose legalization an importer may have emitted itself (topi's element-wise ops).
@@ -120,19 +121,14 @@ _inner_clip = is_op("relax.clip")(_clipped, _inner_lo, _inner_hi)
 _clip_of_clip = is_op("relax.clip")(_inner_clip, _outer_lo, _outer_hi)
 
 
-def _bound(expr) -> float | None:
-    """A clip bound's value, or None when it is not a literal."""
-    return float(expr.value) if isinstance(expr, (tvm.tirx.IntImm, tvm.tirx.FloatImm)) else None
-
-
 def _merged_clips(matches: Matches, single_use: set) -> relax.Expr | None:
     if matches[_inner_clip] not in single_use:
         return None  # the inner clip's output is read elsewhere
-    bounds = [_bound(matches[b]) for b in (_inner_lo, _inner_hi, _outer_lo, _outer_hi)]
+    bounds = [literal(matches[b]) for b in (_inner_lo, _inner_hi, _outer_lo, _outer_hi)]
     if None in bounds:
         return None
     inner_lo, inner_hi, outer_lo, outer_hi = bounds
-    lo, hi = max(inner_lo, outer_lo), min(inner_hi, outer_hi)
+    lo, hi = float(max(inner_lo, outer_lo)), float(min(inner_hi, outer_hi))
     if lo > hi:
         return None  # disjoint ranges: every value becomes a bound; leave it as written
     return relax.op.clip(matches[_clipped], lo, hi)

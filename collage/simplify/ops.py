@@ -33,3 +33,13 @@ def op_histogram(mod: tvm.IRModule, func_name: str = "main") -> Counter:
 def binding_count(mod: tvm.IRModule, func_name: str = "main") -> int:
     """Number of bindings of any kind in ``func_name``."""
     return sum(len(block.bindings) for block in mod[func_name].body.blocks)
+
+
+def literal(value) -> int | float | None:
+    """The number a literal argument holds (an IntImm or FloatImm: arange's bounds, clip's),
+    or None when it is not one."""
+    if isinstance(value, tvm.tirx.IntImm):
+        return int(value.value)
+    if isinstance(value, tvm.tirx.FloatImm):
+        return float(value.value)
+    return None
