@@ -24,7 +24,7 @@ from .cost import Cost, Device
 from .cost_log import CostLog, PlacementKey
 from .graph import DataflowGraph
 from .placement import Partition
-from .runner import build_vm, device_for, first_line, mismatch, numpy_outputs, to_tensors
+from .runner import build_vm, device_for, first_line, mismatch, numpy_outputs, synchronized, to_tensors
 from .timing import Timing, time_call
 
 # End to end, rounding differences of the kernels add up along the model: the check allows
@@ -116,7 +116,7 @@ class EndToEnd:
             return Cost.invalid(f"{type(err).__name__}: {first_line(err)}")
         if problem is not None:
             return Cost.invalid(f"wrong result: {problem}")
-        return time_call(functools.partial(vm["main"], *inputs), self.timing)
+        return time_call(synchronized(functools.partial(vm["main"], *inputs), self.target), self.timing)
 
 
 class _LeastRecentlyUsed(OrderedDict):

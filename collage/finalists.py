@@ -32,7 +32,7 @@ from .assemble import Assembly
 from .cost import Cost
 from .meters import EnergyMeter
 from .placement import Partition
-from .runner import device_for, to_tensors
+from .runner import device_for, synchronized, to_tensors
 from .substitute.objective import Objective
 from .timing import Protocol, busy_cores_by_others, cpu_seconds, time_contenders
 
@@ -88,7 +88,7 @@ def time_finalists(
     pause, while other processes kept more than ``MAX_OTHERS_BUSY`` cores busy, up to
     ``ATTEMPTS`` times; the quietest timing is kept."""
     inputs = to_tensors(arrays, device_for(target))
-    calls = {label: functools.partial(vm["main"], *inputs) for label, vm in vms.items()}
+    calls = {label: synchronized(functools.partial(vm["main"], *inputs), target) for label, vm in vms.items()}
     quietest = None
     for attempt in range(1, ATTEMPTS + 1):
         before = cpu_seconds()

@@ -33,7 +33,8 @@ from tvm import relax
 
 from .backend import REFERENCE_BACKEND, Backend
 from .cost import Cost
-from .runner import compile_kernel, device_for, empty_outputs, first_line, mismatch, random_inputs, run_reference, to_tensors
+from .runner import (compile_kernel, device_for, empty_outputs, first_line, mismatch, random_inputs, run_reference,
+                     synchronized, to_tensors)
 from .subgraph import is_tensor_constant
 from .meters import EnergyMeter
 from .timing import Timing, time_call
@@ -145,7 +146,8 @@ def measure(task: MeasureTask) -> MeasureResult:
         timer = getattr(kernel, "time_ms", None)
         if timer is not None:  # a kernel that can time itself without Python's overhead
             return MeasureResult(timer(inputs, task.timing, task.meter), found)
-        return MeasureResult(time_call(lambda: kernel(*inputs, *outputs), task.timing, task.meter), found)
+        call = synchronized(lambda: kernel(*inputs, *outputs), task.target)
+        return MeasureResult(time_call(call, task.timing, task.meter), found)
     except Exception as err:
         return MeasureResult(Cost.invalid(f"run failed: {type(err).__name__}: {first_line(err)}"))
 

@@ -241,6 +241,22 @@ def device_for(target: str):
     return tvm.cuda() if target == "cuda" else tvm.cpu()
 
 
+def synchronized(call, target: str):
+    """``call`` followed by waiting for ``target``'s device to finish: on a GPU a call returns
+    once its kernels are queued, and a timer around it would time the queueing. TVM's and
+    PyTorch's kernels share CUDA's default stream, so one wait covers both. On the CPU,
+    ``call`` itself."""
+    if target != "cuda":
+        return call
+    device = device_for(target)
+
+    def call_and_wait():
+        call()
+        device.sync()
+
+    return call_and_wait
+
+
 def first_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else "(no message)"

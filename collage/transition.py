@@ -22,7 +22,7 @@ from tvm import relax
 from .candidates import generate
 from .cost import Cost
 from .graph import DataflowGraph
-from .runner import compile_kernel, empty_outputs, first_line, random_inputs, to_tensors
+from .runner import compile_kernel, device_for, empty_outputs, first_line, random_inputs, synchronized, to_tensors
 from .timing import Timing, median_and_iqr, time_call
 
 CALLS = 8
@@ -65,13 +65,13 @@ def measure_transition(backend, target: str, timing: Timing) -> Cost:
             if reason is not None:  # this probe is not for this backend; try the next
                 continue
             try:
-                return _measure(kernel, probe, timing)
+                return _measure(kernel, probe, target, timing)
             except Exception as err:  # a backend that fails here pays no transition, never raises  # noqa: BLE001
                 return Cost.invalid(f"transition probe failed: {type(err).__name__}: {first_line(err)}")
     return Cost.invalid(f"{backend.name} runs none of the transition probes")
 
 
-def _measure(kernel, probe: relax.Function, timing: Timing) -> Cost:
+def _measure(kernel, probe: relax.Function, target: str, timing: Timing) -> Cost:
     name = "collage.transition.probe"
     tvm.register_global_func(name, kernel, override=True)
     ty = probe.params[0].ty
@@ -89,13 +89,14 @@ def _measure(kernel, probe: relax.Function, timing: Timing) -> Cost:
                         v = bb.emit(relax.call_dps_packed(name, relax.Tuple([v]), out_ty=ty))
                 out = bb.emit_output(v)
             bb.emit_func_output(out)
-        vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
-        arg = to_tensors(random_inputs(probe))[0]
-        return lambda: vm["main"](arg)
+        vm = relax.VirtualMachine(tvm.compile(bb.get(), target=target), device)
+        arg = to_tensors(random_inputs(probe), device)[0]
+        return synchronized(lambda: vm["main"](arg), target)
 
+    device = device_for(target)
     with_probe, without = chain(True), chain(False)
-    inputs, outputs = to_tensors(random_inputs(probe)), empty_outputs(probe)
-    alone = lambda: kernel(*inputs, *outputs)
+    inputs, outputs = to_tensors(random_inputs(probe), device), empty_outputs(probe, device)
+    alone = synchronized(lambda: kernel(*inputs, *outputs), target)
     # Interleaved, so a change of load on the machine hits all three alike.
     deltas = []
     for _ in range(timing.min_samples):

@@ -141,3 +141,32 @@ def test_zoo_candidates_match_tvm(backend, model):
     require_gpu(backend)
     cands = sample(zoo_candidates(model, backend, simplified=True), limit=30)
     assert cands and failures(backend, cands, "cuda") == {}
+
+
+# ------------------------------------------------------------------ the whole pipeline, on a GPU
+
+
+def test_a_cpu_call_is_timed_as_it_is():
+    call = lambda: None  # noqa: E731
+    assert runner.synchronized(call, "llvm") is call
+
+
+def test_optimize_on_the_gpu(tmp_path):
+    """``optimize(target="cuda")`` over every GPU backend: the module it returns is right
+    against torch, and its kernels ran on the GPU (the libraries' and TVM's)."""
+    import numpy as np
+
+    import collage
+    from collage.backends import tvm as tvm_backend
+    from experiments import models
+    from tests.helpers import REL_TOL
+
+    for backend in (cudnn.BACKEND, cublas.BACKEND, tvm_backend.BACKEND):
+        require_gpu(backend)
+    w = models.load("kws_dscnn")
+    opt = collage.optimize(w.relax, target="cuda", cost_log=tmp_path / "costs.sqlite", progress=False)
+    (expected,) = w.reference()
+    (actual,) = opt(*[t.numpy() for t in w.inputs])
+    assert np.abs(actual - expected).max() <= REL_TOL * np.abs(expected).max()
+    assert {p.backend for p in opt.placement} <= {"cudnn", "cublas", "tvm", "tensorrt"}
+    assert opt.measured.is_valid

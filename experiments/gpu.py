@@ -1,0 +1,194 @@
+"""Collage on a CUDA GPU: ``optimize(target="cuda")`` end to end, against the GPU's own peers.
+
+    python -m experiments.gpu --model kws_dscnn resnet50 bert [--energy kws_dscnn]
+                              [--cost-log PATH] [--out experiments/results/gpu.json]
+
+For each model: ``collage.optimize`` with every backend that serves ``cuda`` here (cuDNN and
+cuBLAS through PyTorch, TVM's CUDA codegen; TensorRT where it is installed), its report, its
+outputs checked against torch's; then collage's module timed against torch eager,
+``torch.compile`` (inductor) and TVM CUDA alone (TVM's default pipeline: DLight's default
+schedules, untuned), in one run with the project's protocol (``collage.timing``), each call
+followed by a device synchronization. ``--energy`` optimizes a model again with
+``objective="energy"`` on NVML's counter (each candidate metered while timed) and reports it
+beside ``objective="time"``. The GPU's name, driver and library versions go with the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from experiments import models
+from experiments.bench import max_relative_error, one_line
+
+RESULTS = Path(__file__).parent / "results" / "gpu.json"
+PROTOCOL_ROUNDS = 9
+VERSIONED = ("torch", "apache-tvm", "nvidia-ml-py")
+
+
+def gpu_info() -> dict:
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "driver": pynvml.nvmlSystemGetDriverVersion(),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "power_limit_w": pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1e3,
+        "versions": {p: _version(p) for p in VERSIONED},
+    }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _synchronized(call):
+    def call_and_wait():
+        out = call()
+        torch.cuda.synchronize()
+        return out
+
+    return call_and_wait
+
+
+def peers(w: models.Workload) -> dict:
+    """The GPU baselines, each a call that does one inference and returns its outputs."""
+    import tvm
+    from tvm import relax
+
+    net = w.torch.to("cuda")
+    inputs = [t.to("cuda") for t in w.inputs]
+
+    def eager():
+        with torch.inference_mode():
+            return net(*inputs)
+
+    torch._dynamo.reset()
+    compiled_net = torch.compile(net, backend="inductor")
+
+    def compiled():
+        with torch.inference_mode():
+            return compiled_net(*inputs)
+
+    found = {"torch": eager, "torch.compile": compiled}
+    vm = relax.VirtualMachine(tvm.compile(w.relax, target="cuda"), tvm.cuda())
+    tvm_inputs = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
+    found["tvm cuda"] = lambda: vm["main"](*tvm_inputs)
+    return found
+
+
+def outputs_of(result) -> list[np.ndarray]:
+    if isinstance(result, torch.Tensor):
+        return [result.detach().cpu().numpy()]
+    if hasattr(result, "numpy"):
+        return [result.numpy()]
+    return [a for r in result for a in outputs_of(r)]
+
+
+def run_model(name: str, cost_log: str, energy: bool) -> dict:
+    import tvm
+
+    import collage
+    from collage.timing import Protocol, time_contenders
+
+    w = models.load(name)
+    reference = w.reference()
+    entry: dict = {"model": w.spec.description, "input": list(w.input_shape)}
+    started = time.perf_counter()
+    opt = collage.optimize(w.relax, target="cuda", cost_log=cost_log)
+    entry["optimize_s"] = round(time.perf_counter() - started, 1)
+    entry["report"] = opt.report()
+    print(entry["report"], flush=True)
+    entry["measured_candidates"] = opt.stats["measured"]
+    entry["chosen"] = opt.stats["chosen"]
+    entry["backend_shares"] = {b: round(s, 4) for b, s in opt.backend_shares().items()}
+    entry["finalists_ms"] = {n: round(a["measured_ms"], 4) for n, a in opt.stats["alternatives"].items()}
+    tensors = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
+    main = opt.main
+    contenders = {"collage": lambda: main(*tensors)}
+    errors = {}
+    try:
+        contenders.update(peers(w))
+    except Exception as err:  # a peer that cannot build is reported, the others still run
+        errors["peers"] = one_line(err)
+        traceback.print_exc()
+    entry["max_rel_err"] = {}
+    for label, call in list(contenders.items()):
+        try:
+            entry["max_rel_err"][label] = max_relative_error(outputs_of(call()), reference)
+        except Exception as err:
+            errors[label] = one_line(err)
+            del contenders[label]
+    costs = time_contenders({k: _synchronized(c) for k, c in contenders.items()}, Protocol(rounds=PROTOCOL_ROUNDS))
+    entry["ms"] = {k: round(c.median_ms, 4) for k, c in costs.items()}
+    entry["spread_ms"] = {k: round(c.spread_ms, 4) for k, c in costs.items()}
+    peers_only = {k: c.median_ms for k, c in costs.items() if k != "collage"}
+    if peers_only and "collage" in costs:
+        best = min(peers_only, key=peers_only.get)
+        entry["best_peer"] = best
+        entry["speedup_over_best_peer"] = round(peers_only[best] / costs["collage"].median_ms, 3)
+    if errors:
+        entry["errors"] = errors
+    if energy:
+        entry["energy"] = energy_beside_time(w, cost_log)
+    return entry
+
+
+def energy_beside_time(w: models.Workload, cost_log: str) -> dict:
+    """``objective="energy"`` beside ``objective="time"``: each optimization's choice, and its
+    time and energy per inference as its finalists measured them (NVML)."""
+    import collage
+    from collage.meters import nvml
+
+    meter = nvml()
+    found = {}
+    for objective in ("time", "energy"):
+        opt = collage.optimize(w.relax, target="cuda", cost_log=cost_log, substitutions=True,
+                               objective=objective, meter=meter)
+        chosen = opt.stats["chosen"]
+        found[objective] = {
+            "chosen": chosen,
+            "backend_shares": {b: round(s, 4) for b, s in opt.backend_shares().items()},
+            "finalists": {n: {"ms": round(a["measured_ms"], 4),
+                              "mj": None if a["energy_mj"] is None else round(a["energy_mj"], 4)}
+                          for n, a in opt.stats["alternatives"].items()},
+        }
+    return found
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", nargs="+", default=["kws_dscnn", "resnet50", "bert"])
+    parser.add_argument("--energy", nargs="*", default=[], help="models to optimize for energy too")
+    parser.add_argument("--cost-log", default=str(Path.home() / ".cache" / "collage" / "gpu-costs.sqlite"))
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    results = json.loads(args.out.read_text()) if args.out.exists() else {}
+    results["machine"] = gpu_info()
+    for name in args.model:
+        print(f"== {name}", flush=True)
+        try:
+            results[name] = run_model(name, args.cost_log, name in args.energy)
+        except Exception as err:
+            traceback.print_exc()
+            results[name] = {"error": one_line(err)}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1, default=str))
+        print(json.dumps({k: v for k, v in results[name].items() if k != "report"}, indent=1, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()
