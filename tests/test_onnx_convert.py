@@ -358,6 +358,52 @@ def test_hard_activations_become_onnx_operators_where_they_match(make, fused):
     assert runner.mismatch([outputs[0].numpy()], expected) is None
 
 
+def _optimized_ops(model, folder) -> set:
+    """The operator kinds of ONNX Runtime's optimized graph of ``model``."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(folder / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
+
+
+def _l2_norm(x):  # torch.norm over the spatial axes, as PyTorch's importer spells it out
+    return op.power(op.sum(op.power(op.abs(x), relax.const(2.0)), axis=[2, 3], keepdims=True), relax.const(0.5))
+
+
+@pytest.mark.parametrize(
+    "make, fused, gone",
+    [
+        (nn.gelu, "Gelu", {"Erf"}),  # ONNX Runtime's fusion looks for the exporter's Div by sqrt 2
+        (_l2_norm, "ReduceL2", {"Pow", "ReduceSum", "Abs"}),
+    ],
+)
+def test_the_engines_fuse_what_the_conversion_writes_as_the_exporter_does(make, fused, gone, tmp_path):
+    func = function(make, IMG)
+    model = to_onnx(func)
+    optimized = _optimized_ops(model, tmp_path)
+    assert fused in optimized and not optimized & gone
+    arrays = runner.random_inputs(func)
+    expected = runner.run_reference(func, arrays)
+    assert runner.mismatch(run_onnx(func, arrays), expected) is None
+    from collage.backends.openvino import compile_onnx
+
+    outputs = runner.to_tensors([np.empty_like(expected[0])])
+    compile_onnx(model, "llvm")(*runner.to_tensors(arrays), *outputs)
+    assert runner.mismatch([outputs[0].numpy()], expected) is None
+
+
+def test_a_sum_of_squares_read_elsewhere_is_no_l2_norm():
+    def norm_and_sum(x):
+        squares = op.power(x, relax.const(2.0))
+        return op.add(op.power(op.sum(squares, axis=[2, 3], keepdims=True), relax.const(0.5)), op.mean(squares))
+
+    func = function(norm_and_sum, IMG)
+    assert "ReduceL2" not in {n.op_type for n in to_onnx(func).graph.node}
+    arrays = runner.random_inputs(func)
+    assert runner.mismatch(run_onnx(func, arrays), runner.run_reference(func, arrays)) is None
+
+
 # ------------------------------------------------------------------ what does not convert
 
 

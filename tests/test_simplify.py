@@ -611,3 +611,39 @@ def test_a_call_tir_that_is_not_its_namesakes_legalization_stays():
     simplified, report = collage.simplify(not_maximum, report=True)
     assert report.applied("te_calls_as_ops") == 0
     assert "relax.call_tir" in op_histogram(simplified)
+
+
+def _linear(bb, x, flat_shape, out_shape, bias_shape=(12,), bias_read_too=False):
+    """A linear layer as PyTorch's importer writes it on a rank-3+ input: flatten, matmul, bias, unflatten."""
+    flat = bb.emit(relax.op.reshape(x, flat_shape))
+    product = bb.emit(relax.op.matmul(flat, relax.const(_random(flat_shape[-1], out_shape[-1]))))
+    out = relax.op.reshape(bb.emit(relax.op.add(relax.const(_random(*bias_shape)), product)), out_shape)
+    return relax.op.add(bb.emit(out), relax.op.sum(product)) if bias_read_too else out
+
+
+def test_linear_on_a_flattened_input_runs_on_every_axis():
+    after, report = _simplify(_module((2, 3, 8), lambda bb, x: _linear(bb, x, (6, 8), (2, 3, 12))))
+    assert dict(op_histogram(after)) == {"relax.matmul": 1, "relax.add": 1}
+    assert report.applied("linear_on_all_axes") == 1
+    matmul = [b.value for b in after["main"].body.blocks[0].bindings if b.value.op.name == "relax.matmul"][0]
+    assert [int(d) for d in matmul.args[0].ty.shape.values] == [2, 3, 8]
+
+
+@pytest.mark.parametrize(
+    "input_shape, flat_shape, out_shape, bias_shape, bias_read_too",
+    [
+        ((2, 3, 8), (3, 16), (2, 3, 12), (12,), False),  # flattens other axes than the leading ones
+        ((2, 3, 8), (6, 8), (3, 2, 12), (12,), False),  # unflattens to another shape
+        ((2, 3, 8), (6, 8), (2, 3, 12), (6, 12), False),  # a bias per row of the flat product
+        ((2, 3, 8), (6, 8), (2, 3, 12), (12,), True),  # the flat product is read elsewhere
+    ],
+)
+def test_linear_that_needs_its_flat_layout_keeps_it(input_shape, flat_shape, out_shape, bias_shape, bias_read_too):
+    if flat_shape == (3, 16):
+        out = lambda bb, x: relax.op.reshape(  # noqa: E731
+            bb.emit(relax.op.matmul(bb.emit(relax.op.reshape(x, flat_shape)), relax.const(_random(16, 8)))), (2, 3, 4)
+        )
+    else:
+        out = lambda bb, x: _linear(bb, x, flat_shape, out_shape, bias_shape, bias_read_too)  # noqa: E731
+    _, report = _simplify(_module(input_shape, out))
+    assert report.applied("linear_on_all_axes") == 0

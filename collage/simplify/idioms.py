@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import tvm
@@ -136,3 +137,47 @@ def _merged_clips(matches: Matches, single_use: set) -> relax.Expr | None:
 
 # PyTorch's importer writes ReLU6 and hard-swish's relu6 as clip(0, inf) then clip(-inf, 6).
 MERGE_CLIPS = PatternRewrite("merge_clips", _clip_of_clip, _merged_clips)
+
+
+_features, _weight, _bias = wildcard(), wildcard(), wildcard()
+_flat = is_op("relax.reshape")(_features, wildcard())
+_product = is_op("relax.matmul")(_flat, _weight)
+_biased = is_op("relax.add")(_product, _bias)
+_unflat = is_op("relax.reshape")(_biased | _product, wildcard())
+
+
+def _shape(expr: relax.Expr) -> list[int] | None:
+    """The static shape of ``expr``; None when some extent is symbolic or the rank unknown."""
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or not isinstance(shape, relax.ShapeExpr):
+        return None
+    values = [literal(v) for v in shape.values]
+    return None if None in values else values
+
+
+def _linear_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
+    x, weight, biased = matches[_features], matches[_weight], matches.get(_biased)
+    x_shape, w_shape, out_shape = _shape(x), _shape(weight), _shape(matches[_unflat])
+    if None in (x_shape, w_shape, out_shape) or len(x_shape) < 3 or len(w_shape) != 2:
+        return None
+    leading, (features, outputs) = x_shape[:-1], w_shape
+    if x_shape[-1] != features or _shape(matches[_flat]) != [math.prod(leading), features]:
+        return None  # not the flattening of the leading axes that linear's importer writes
+    if out_shape != leading + [outputs]:
+        return None
+    if matches[_flat] not in single_use or (biased is not None and matches[_product] not in single_use):
+        return None
+    product = relax.op.matmul(x, weight)
+    if biased is None:
+        return product
+    bias_shape = _shape(matches[_bias])
+    if bias_shape is None or len(bias_shape) > 2 or any(d != 1 for d in bias_shape[:-1]):
+        return None  # a bias per row of the flat product: it needs the flat layout
+    return relax.op.add(product, matches[_bias]) if biased.args[0].same_as(matches[_product]) else relax.op.add(matches[_bias], product)
+
+
+# PyTorch's importer writes a linear layer on a (batch, tokens, features) or NHWC tensor as
+# reshape to 2-D, matmul, bias, reshape back; torch's ONNX exporter writes one MatMul on the
+# whole tensor, and OpenVINO's MatMul fusions and ONNX Runtime's MatMul+Add (Gemm-like)
+# fusions match that form (ConvNeXt V2 kept 20 reshapes in OpenVINO's runtime graph).
+LINEAR_ON_ALL_AXES = PatternRewrite("linear_on_all_axes", _unflat, _linear_on_all_axes)
