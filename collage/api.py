@@ -237,13 +237,16 @@ def optimize(
     timed = time_finalists({name: f.vm for name, f in finalists.items()}, arrays, target, meter=meter)
     measured = timed.costs
     stats["finalist_timing"] = {"others_busy_cores": timed.others_busy_cores, "attempts": timed.attempts}
-    chosen, note = choose(measured, {name: f.simplicity for name, f in finalists.items()}, objective)
+    chosen, note = choose(measured, {name: f.simplicity for name, f in finalists.items()}, objective, timed.race)
     stats["final_timing_s"] = time.perf_counter() - t
+    verdicts = timed.race.verdicts() if timed.race is not None else {}
     stats["alternatives"] = {
         name: {"estimated_ms": f.estimated_ms, "measured_ms": measured[name].median_ms,
-               "spread_ms": measured[name].spread_ms, "energy_mj": measured[name].energy_mj}
+               "spread_ms": measured[name].spread_ms, "energy_mj": measured[name].energy_mj,
+               "rounds": measured[name].samples}
+        | ({"paid_ms": timed.race.paid_ms(name), "verdict": verdicts[name].value} if name in verdicts else {})
         for name, f in finalists.items()
-    }
+    }  # fmt: skip
     stats["chosen"], stats["objective"] = chosen, str(objective)
     if chosen == SUBSTITUTED_PLACEMENT:
         stats["substituted"] = [list(step) for step in substituted.applied]  # how to rebuild its graph

@@ -134,14 +134,23 @@ def format_report(opt) -> str:
     s = opt.stats
     alternatives = s.get("alternatives", {})
     if len(alternatives) > 1:
-        best = "the fastest" if s.get("objective", "time") == "time" else f"the best for {s['objective']}"
-        lines += ["", f"placements timed end to end ({best} is kept; of those within noise, the simplest):"]
+        if any("paid_ms" in a for a in alternatives.values()):
+            rule = ("the one a user pays least for leads (lowest upper quartile of its blocks); "
+                    "of those equivalent to it round by round, the simplest is kept")  # fmt: skip
+        elif s.get("objective", "time") == "time":
+            rule = "the fastest is kept; of those within noise, the simplest"
+        else:
+            rule = f"the best for {s['objective']} is kept; of those within noise, the simplest"
+        lines += ["", f"placements timed end to end ({rule}):"]
         for name, a in alternatives.items():
             mark = "  <- kept" if name == s.get("chosen") else ""
             estimated = "-" if not math.isfinite(a["estimated_ms"]) else f"{a['estimated_ms']:.3f}"
             spread = f" ± {a['spread_ms']:.2g}" if "spread_ms" in a else ""
+            paid = f", upper quartile {a['paid_ms']:.3f} over {a['rounds']} rounds ({a['verdict']})" if "paid_ms" in a else ""
             energy = f", {a['energy_mj']:.3g} mJ" if a.get("energy_mj") is not None else ""
-            lines.append(f"  {name:<30} estimated {estimated:>9} ms, measured {a['measured_ms']:9.3f} ms{spread}{energy}{mark}")
+            lines.append(
+                f"  {name:<30} estimated {estimated:>9} ms, measured {a['measured_ms']:9.3f} ms{spread}{paid}{energy}{mark}"
+            )
         if "tie" in s:
             lines.append(f"  {s['tie']}")
         busy = s.get("finalist_timing", {}).get("others_busy_cores")

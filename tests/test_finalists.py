@@ -19,7 +19,9 @@ from collage.backend import default_backends
 from collage.candidates import Candidate
 from collage.cost import Cost
 from collage.engine_alone import blockers, blockers_text
-from collage.finalists import ATTEMPTS, MAX_OTHERS_BUSY, NOISE_FLOOR, choose, time_finalists, within_noise
+from collage.finalists import (
+    ATTEMPTS, MAX_OTHERS_BUSY, MAX_ROUNDS, NOISE_FLOOR, Race, Verdict, choose, time_finalists, within_noise,
+)  # fmt: skip
 from collage.graph import DataflowGraph
 from collage.placement import Partition
 from collage.report import dominant_tvm_ops
@@ -59,6 +61,78 @@ def test_noise_is_the_larger_spread_or_the_floor():
 def test_equally_simple_finalists_within_noise_go_to_the_faster():
     measured = {"a": Cost.of(1.00, 0.0), "b": Cost.of(1.01, 0.0)}
     assert choose(measured, {"a": (1, 1), "b": (1, 1)}) == ("a", None)
+
+
+# -- a choice that holds: the spread weighs as well as the median --
+
+
+def _race(**blocks):
+    race = Race()
+    race.add({name: list(ms) for name, ms in blocks.items()})
+    return race
+
+
+def test_a_finalist_fast_at_its_median_but_slow_in_a_quarter_of_its_blocks_does_not_lead():
+    # OpenVINO's 0.44-0.67 ms between blocks beside ONNX Runtime's steady 0.351, as raced once.
+    race = _race(swinging=[0.33, 0.32, 0.60, 0.33, 0.62, 0.31, 0.34, 0.65], steady=[0.351] * 8)
+    measured = {name: race.cost(name) for name in ("swinging", "steady")}
+    assert measured["swinging"].median_ms < measured["steady"].median_ms
+    assert race.leader() == "steady" and race.verdict("swinging", "steady") is Verdict.UNDECIDED
+    chosen, note = choose(measured, {"swinging": (1, 1), "steady": (1, 1)}, race=race)
+    assert chosen == "steady"
+    assert "kept 'steady' over 'swinging'" in note and "slow blocks" in note
+
+
+def test_paired_rounds_tell_equivalent_from_slower_through_drift():
+    # The machine drifts by 20% between rounds; each round moves both alike.
+    drift = [1.0, 1.2, 0.9, 1.1, 1.0, 1.25, 0.95]
+    race = _race(a=[d * 1.00 for d in drift], b=[d * 1.01 for d in drift], c=[d * 1.05 for d in drift])
+    assert race.verdicts() == {"a": Verdict.LEADER, "b": Verdict.EQUIVALENT, "c": Verdict.SLOWER}
+    measured = {name: race.cost(name) for name in "abc"}
+    chosen, note = choose(measured, {"a": (3, 12), "b": (1, 1), "c": (1, 1)}, race=race)
+    assert chosen == "b" and "within noise of the fastest, 'a'" in note
+
+
+class _Busy:
+    """A VM stand-in whose ``main`` keeps a core busy ``ms()`` milliseconds a call."""
+
+    def __init__(self, ms):
+        self.ms = ms
+
+    def __getitem__(self, name):
+        def main(*inputs):
+            end = time.perf_counter() + self.ms() / 1e3
+            while time.perf_counter() < end:
+                pass
+
+        return main
+
+
+def _swinging_ms(fast, slow, share_slow, seed=0):
+    """``fast`` ms a call, or ``slow`` for a whole block of calls, a ``share_slow`` of the blocks:
+    a library whose threads are placed well in some blocks and badly in others."""
+    rng, state = np.random.default_rng(seed), {"last": 0.0, "ms": fast}
+
+    def ms():
+        now = time.perf_counter()
+        if now - state["last"] > 0.05:  # a new block: the protocol settles 0.1 s before each
+            state["ms"] = slow if rng.random() < share_slow else fast
+        state["last"] = now
+        return state["ms"]
+
+    return ms
+
+
+def test_timing_goes_on_for_undecided_leaders_and_keeps_the_steady_one():
+    quick = Protocol(rounds=7, block_ms=6.0, settle_s=0.06, warmup_s=0.01)
+    vms = {"swinging": _Busy(_swinging_ms(0.3, 0.6, 0.35)), "steady": _Busy(lambda: 0.36), "slow": _Busy(lambda: 0.9)}
+    timed = time_finalists(vms, [], "llvm", quick)
+    race = timed.race
+    assert len(race.blocks("steady")) > quick.rounds  # the swinging one kept them undecided
+    assert len(race.blocks("slow")) == quick.rounds  # known slower at once: never timed again
+    assert len(race.rounds) <= MAX_ROUNDS
+    chosen, _ = choose(timed.costs, {name: (1, 1) for name in vms}, race=race)
+    assert chosen == "steady"
 
 
 # -- an engine alone keeps its users' settings --
