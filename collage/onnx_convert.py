@@ -239,7 +239,10 @@ def _not_equal(g, call):
 
 @_converts("relax.rsqrt")
 def _rsqrt(g, call):
-    return g.op("Reciprocal", [g.op("Sqrt", [g.tensor(call.args[0])])])
+    """1 / sqrt(x) as a ``Div``, as torch's exporter writes it: ONNX Runtime's RMSNorm fusion
+    (SimplifiedLayerNormalization) looks for that and missed a Reciprocal (Llama's norms)."""
+    _require_float(call)
+    return g.op("Div", [g.scalar(1, _dtype(call.ty)), g.op("Sqrt", [g.tensor(call.args[0])])])
 
 
 @_converts("relax.square")
@@ -561,10 +564,13 @@ _reduce_mean = _reduction("ReduceMean", axes_as_input=False)
 def _mean(g, call):
     """A mean over every spatial axis of an N, C, ... tensor is a GlobalAveragePool: ONNX
     Runtime runs that on its blocked (NCHWc) layout, ReduceMean only after reordering back
-    (the DS-CNN keyword spotter ran 0.040 ms converted with ReduceMean, 0.029 from its file)."""
+    (the DS-CNN keyword spotter ran 0.040 ms converted with ReduceMean, 0.029 from its file).
+    Only from rank 4: a mean over the last axis of a rank-3 tensor is a transformer's (batch,
+    tokens, features) more often than a 1-D signal's, and the engines' LayerNorm and RMSNorm
+    fusions look for ReduceMean there (DeBERTa's and Llama's norms stayed six kernels)."""
     rank = len(_shape(call.args[0].ty))
     axes = None if call.attrs.axis is None else sorted(int(a) % rank for a in call.attrs.axis)
-    if rank < 3 or axes != list(range(2, rank)) or not _dtype(call.ty).startswith("float"):
+    if rank < 4 or axes != list(range(2, rank)) or not _dtype(call.ty).startswith("float"):
         return _reduce_mean(g, call)
     pooled = g.op("GlobalAveragePool", [g.tensor(call.args[0])])
     return pooled if call.attrs.keepdims else g.op("Reshape", [pooled, g.ints(_shape(call.ty))])

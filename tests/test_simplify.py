@@ -616,14 +616,17 @@ def test_a_call_tir_that_is_not_its_namesakes_legalization_stays():
 def _linear(bb, x, flat_shape, out_shape, bias_shape=(12,), bias_read_too=False):
     """A linear layer as PyTorch's importer writes it on a rank-3+ input: flatten, matmul, bias, unflatten."""
     flat = bb.emit(relax.op.reshape(x, flat_shape))
-    product = bb.emit(relax.op.matmul(flat, relax.const(_random(flat_shape[-1], out_shape[-1]))))
+    product = bb.emit(relax.op.matmul(flat, relax.const(_random(flat_shape[-1], 12))))
     out = relax.op.reshape(bb.emit(relax.op.add(relax.const(_random(*bias_shape)), product)), out_shape)
     return relax.op.add(bb.emit(out), relax.op.sum(product)) if bias_read_too else out
 
 
-def test_linear_on_a_flattened_input_runs_on_every_axis():
-    after, report = _simplify(_module((2, 3, 8), lambda bb, x: _linear(bb, x, (6, 8), (2, 3, 12))))
-    assert dict(op_histogram(after)) == {"relax.matmul": 1, "relax.add": 1}
+@pytest.mark.parametrize(
+    "out_shape, left", [((2, 3, 12), {}), ((2, 3, 3, 4), {"relax.reshape": 1})]  # restored; split into heads
+)
+def test_linear_on_a_flattened_input_runs_on_every_axis(out_shape, left):
+    after, report = _simplify(_module((2, 3, 8), lambda bb, x: _linear(bb, x, (6, 8), out_shape)))
+    assert dict(op_histogram(after)) == {"relax.matmul": 1, "relax.add": 1, **left}
     assert report.applied("linear_on_all_axes") == 1
     matmul = [b.value for b in after["main"].body.blocks[0].bindings if b.value.op.name == "relax.matmul"][0]
     assert [int(d) for d in matmul.args[0].ty.shape.values] == [2, 3, 8]
@@ -632,8 +635,7 @@ def test_linear_on_a_flattened_input_runs_on_every_axis():
 @pytest.mark.parametrize(
     "input_shape, flat_shape, out_shape, bias_shape, bias_read_too",
     [
-        ((2, 3, 8), (3, 16), (2, 3, 12), (12,), False),  # flattens other axes than the leading ones
-        ((2, 3, 8), (6, 8), (3, 2, 12), (12,), False),  # unflattens to another shape
+        ((2, 3, 8), (3, 16), (2, 3, 12), (12,), False),  # flattens the features with a leading axis
         ((2, 3, 8), (6, 8), (2, 3, 12), (6, 12), False),  # a bias per row of the flat product
         ((2, 3, 8), (6, 8), (2, 3, 12), (12,), True),  # the flat product is read elsewhere
     ],
@@ -647,3 +649,39 @@ def test_linear_that_needs_its_flat_layout_keeps_it(input_shape, flat_shape, out
         out = lambda bb, x: _linear(bb, x, flat_shape, out_shape, bias_shape, bias_read_too)  # noqa: E731
     _, report = _simplify(_module(input_shape, out))
     assert report.applied("linear_on_all_axes") == 0
+
+
+def test_linears_sharing_one_flattened_input_each_run_on_every_axis():
+    # Attention's query, key and value projections read one flattened norm; its output
+    # projection reads the heads merged into the features (batch, tokens, heads, size).
+    def attention_like(bb, x):
+        flat = bb.emit(relax.op.reshape(x, (6, 8)))
+        q, k, v = (bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(flat, relax.const(_random(8, 8)))), (2, 3, 2, 4)))
+                   for _ in range(3))  # fmt: skip
+        merged = bb.emit(relax.op.reshape(bb.emit(q * k + v), (6, 8)))
+        return relax.op.reshape(bb.emit(relax.op.matmul(merged, relax.const(_random(8, 8)))), (2, 3, 8))
+
+    after, report = _simplify(_module((2, 3, 8), attention_like))
+    assert report.applied("linear_on_all_axes") == 4
+    matmuls = [b.value for b in after["main"].body.blocks[0].bindings if b.value.op.name == "relax.matmul"]
+    assert all(len(m.args[0].ty.shape.values) == 3 for m in matmuls)
+
+
+def test_batched_matmul_runs_on_every_batch_axis():
+    def heads(bb, a, b, back):
+        flat = bb.emit(relax.op.matmul(bb.emit(relax.op.reshape(a, (6, 4, 5))), bb.emit(relax.op.reshape(b, (6, 5, 4)))))
+        return relax.op.reshape(flat, back)
+
+    def build(back):
+        bb = relax.BlockBuilder()
+        a, b = relax.Var("a", relax.TensorType((2, 3, 4, 5), "float32")), relax.Var("b", relax.TensorType((2, 3, 5, 4), "float32"))
+        with bb.function("main", [a, b]):
+            with bb.dataflow():
+                out = bb.emit_output(heads(bb, a, b, back))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    after, report = _simplify(build((2, 3, 4, 4)))
+    assert dict(op_histogram(after)) == {"relax.matmul": 1} and report.applied("matmul_on_all_axes") == 1
+    _, report = _simplify(build((3, 2, 4, 4)))  # split back otherwise: the merged layout is needed
+    assert report.applied("matmul_on_all_axes") == 0

@@ -156,24 +156,30 @@ def _shape(expr: relax.Expr) -> list[int] | None:
 
 
 def _linear_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
-    x, weight, biased = matches[_features], matches[_weight], matches.get(_biased)
-    x_shape, w_shape, out_shape = _shape(x), _shape(weight), _shape(matches[_unflat])
-    if None in (x_shape, w_shape, out_shape) or len(x_shape) < 3 or len(w_shape) != 2:
+    x, weight, biased, after = matches[_features], matches[_weight], matches.get(_biased), matches[_unflat]
+    x_shape, w_shape, flat_shape, out_shape = (_shape(e) for e in (x, weight, matches[_flat], after))
+    if None in (x_shape, w_shape, flat_shape, out_shape) or len(w_shape) != 2 or len(flat_shape) != 2:
         return None
-    leading, (features, outputs) = x_shape[:-1], w_shape
-    if x_shape[-1] != features or _shape(matches[_flat]) != [math.prod(leading), features]:
-        return None  # not the flattening of the leading axes that linear's importer writes
-    if out_shape != leading + [outputs]:
+    (rows, features), outputs = flat_shape, w_shape[1]
+    # The leading axes the product keeps: those the reshape after restores, else the input's.
+    if len(out_shape) >= 3 and out_shape[-1] == outputs and math.prod(out_shape[:-1]) == rows:
+        leading = out_shape[:-1]
+    elif len(x_shape) >= 3 and x_shape[-1] == features and math.prod(x_shape[:-1]) == rows:
+        leading = x_shape[:-1]
+    else:
         return None
-    if matches[_flat] not in single_use or (biased is not None and matches[_product] not in single_use):
-        return None
-    product = relax.op.matmul(x, weight)
-    if biased is None:
-        return product
-    bias_shape = _shape(matches[_bias])
-    if bias_shape is None or len(bias_shape) > 2 or any(d != 1 for d in bias_shape[:-1]):
-        return None  # a bias per row of the flat product: it needs the flat layout
-    return relax.op.add(product, matches[_bias]) if biased.args[0].same_as(matches[_product]) else relax.op.add(matches[_bias], product)
+    if biased is not None:
+        if matches[_product] not in single_use:
+            return None  # the flat product is read elsewhere: rewriting would compute it twice
+        bias_shape = _shape(matches[_bias])
+        if bias_shape is None or len(bias_shape) > 2 or any(d != 1 for d in bias_shape[:-1]):
+            return None  # a bias per row of the flat product: it needs the flat layout
+    x = x if x_shape == leading + [features] else relax.op.reshape(x, leading + [features])
+    out = relax.op.matmul(x, weight)
+    if biased is not None:
+        out = relax.op.add(out, matches[_bias]) if biased.args[0].same_as(matches[_product]) else relax.op.add(matches[_bias], out)
+    # The reshape after stays where it splits the features (heads of attention).
+    return out if out_shape == leading + [outputs] else relax.op.reshape(out, after.args[1])
 
 
 # PyTorch's importer writes a linear layer on a (batch, tokens, features) or NHWC tensor as
@@ -181,3 +187,30 @@ def _linear_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
 # whole tensor, and OpenVINO's MatMul fusions and ONNX Runtime's MatMul+Add (Gemm-like)
 # fusions match that form (ConvNeXt V2 kept 20 reshapes in OpenVINO's runtime graph).
 LINEAR_ON_ALL_AXES = PatternRewrite("linear_on_all_axes", _unflat, _linear_on_all_axes)
+
+
+_left, _right = wildcard(), wildcard()
+_left_flat, _right_flat = is_op("relax.reshape")(_left, wildcard()), is_op("relax.reshape")(_right, wildcard())
+_batched = is_op("relax.matmul")(_left_flat, _right_flat)
+_batched_back = is_op("relax.reshape")(_batched, wildcard())
+
+
+def _matmul_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
+    left, right = _shape(matches[_left]), _shape(matches[_right])
+    if left is None or right is None or len(left) < 4 or len(left) != len(right) or left[:-2] != right[:-2]:
+        return None
+    batch, (rows, inner), columns = left[:-2], left[-2:], right[-1]
+    flat = math.prod(batch)
+    if right[-2] != inner or _shape(matches[_left_flat]) != [flat, rows, inner] or _shape(matches[_right_flat]) != [flat, inner, columns]:
+        return None  # not the merging of the batch axes
+    if _shape(matches[_batched_back]) != batch + [rows, columns]:
+        return None
+    if matches[_left_flat] not in single_use or matches[_right_flat] not in single_use or matches[_batched] not in single_use:
+        return None
+    return relax.op.matmul(matches[_left], matches[_right])
+
+
+# The importer merges the batch axes of an attention's (batch, heads, tokens, size) matmuls
+# into one and splits them again after: three reshapes per matmul that torch's ONNX exporter
+# does not write, and that keep ONNX Runtime from fusing the scale after the matmul.
+MATMUL_ON_ALL_AXES = PatternRewrite("matmul_on_all_axes", _batched_back, _matmul_on_all_axes)

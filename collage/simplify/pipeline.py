@@ -20,7 +20,7 @@ from tvm.relax import transform
 
 from .batch_norm import BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, MERGE_CONSTANT_ADDS, SCALE_BEFORE_BIAS
 from .constants import FOLD_ARANGE
-from .idioms import CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MERGE_CLIPS, TE_CALLS_AS_OPS
+from .idioms import CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_ON_ALL_AXES, MERGE_CLIPS, TE_CALLS_AS_OPS
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE
 from .ops import binding_count, op_count
 from .transposes import COMPOSE_PERMUTE_DIMS, IDENTITY_PERMUTE_DIMS, MATMUL_OF_TRANSPOSES
@@ -76,6 +76,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     BROADCAST_TO_SAME_SHAPE,
     TvmPass("RemoveRedundantReshape", transform.RemoveRedundantReshape),
     LINEAR_ON_ALL_AXES,
+    MATMUL_ON_ALL_AXES,
     IDENTITY_PERMUTE_DIMS,
     COMPOSE_PERMUTE_DIMS,
     MATMUL_OF_TRANSPOSES,
