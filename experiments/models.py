@@ -23,6 +23,7 @@ untuned kernels finish in seconds.
 from __future__ import annotations
 
 import functools
+import importlib
 import io
 import warnings
 from dataclasses import dataclass
@@ -573,12 +574,10 @@ class Transformers(nn.Module):
         self.with_mask = with_mask
         cfg = getattr(transformers, config)(**settings)
         cfg._attn_implementation = "eager"
-        if model == "WhisperEncoder":  # the encoder alone, as speech front ends run it
-            from transformers.models.whisper.modeling_whisper import WhisperEncoder
-
-            self.model = WhisperEncoder(cfg)
-        else:
-            self.model = getattr(transformers, model)(cfg)
+        # Looked up in the modeling module beside the config's, not at the top level: an encoder
+        # alone (WhisperEncoder, BartEncoder), as speech front ends run it, is exported only there.
+        modeling = importlib.import_module(type(cfg).__module__.replace(".configuration_", ".modeling_"))
+        self.model = getattr(modeling, model)(cfg)
 
     def forward(self, x):
         if self.with_mask:  # an all-ones attention mask, as a tokenizer gives it
@@ -814,13 +813,22 @@ def _calibrate_batchnorm(net: nn.Module, example: torch.Tensor) -> None:
     net.eval()
 
 
+def model_spec(name: str) -> ModelSpec:
+    """The zoo's model ``name``, or else the corpus's (``experiments.corpus``)."""
+    if name in MODELS:
+        return MODELS[name]
+    from experiments.corpus import CORPUS  # imported here: the corpus is built from this module
+
+    if name in CORPUS:
+        return CORPUS[name]
+    raise KeyError(f"unknown model {name!r}; the zoo has: {', '.join(MODELS)}; the corpus: {', '.join(CORPUS)}")
+
+
 class Workload:
-    """One zoo model in every form; the IR forms are built on first use and then kept."""
+    """One zoo or corpus model in every form; the IR forms are built on first use and then kept."""
 
     def __init__(self, name: str, small: bool = False, seed: int = SEED):
-        if name not in MODELS:
-            raise KeyError(f"unknown model {name!r}; the zoo has: {', '.join(MODELS)}")
-        self.name, self.small, self.spec = name, small, MODELS[name]
+        self.name, self.small, self.spec = name, small, model_spec(name)
         self.input_shape = self.spec.small_input if small else self.spec.input
         torch.manual_seed(seed)
         build = self.spec.small_build if small and self.spec.small_build is not None else self.spec.build
