@@ -87,7 +87,9 @@ def optimize(
     would, among the finalists. ``mod`` may also be a model still to import
     (``collage.frontend.import_model``): an ONNX file or ``onnx.ModelProto`` (``shapes``, input
     name -> shape, fixes dynamic inputs), which is then the ``onnx_model`` too; or a
-    ``torch.nn.Module`` in eval mode with ``example_inputs`` (a tensor or a tuple of them). ``backends`` defaults to every registered backend (a
+    ``torch.nn.Module`` in eval mode with ``example_inputs`` (a tensor or a tuple of them),
+    whose ``torch.onnx.export`` is then the ``onnx_model``, as its users would export it for an
+    engine. ``backends`` defaults to every registered backend (a
     BackendSet, or backends and backend names); those that cannot run here are left out with
     their reason (``opt.excluded``). Costs are read from and written to ``cost_log`` (a
     CostLog or a path; default ``~/.cache/collage/costs.sqlite`` or ``$COLLAGE_COST_LOG``).
@@ -126,10 +128,12 @@ def optimize(
     threads = threads or default_threads()
     pin_threads(threads)
     try:
-        mod, from_file = import_model(mod, example_inputs, shapes)
+        mod, from_file, no_file = import_model(mod, example_inputs, shapes)
     except ModelImportError as err:
         raise OptimizeError(str(err)) from None
     onnx_model = from_file if onnx_model is None else onnx_model
+    if no_file is not None and onnx_model is None:
+        stats["engine_alone"] = {"torch's ONNX export": no_file}
     original = bound_main(mod, params)
     backend_set = make_backend_set(backends)
     usable, excluded = backend_set.usable(target)

@@ -30,7 +30,14 @@ class ModelImportError(Exception):
 
 class Imported(NamedTuple):
     mod: tvm.IRModule
-    onnx_model: object | None  # the ONNX model it came from, for the engines to run whole
+    onnx_model: object | None  # the ONNX model it came from, or torch's export of it, for the engines to run whole
+    onnx_note: str | None = None  # why a PyTorch module has no ONNX export beside it
+
+
+# What torch's users export for ONNX Runtime and OpenVINO: the TorchScript exporter at opset 17
+# (the dynamo exporter starts at 18), at IR version 10, which ONNX Runtime loads.
+TORCH_ONNX_OPSET = 17
+ONNX_IR_VERSION = 10
 
 
 def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]] | None = None) -> Imported:
@@ -52,7 +59,9 @@ def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]]
     if torch is not None and isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
         if shapes:
             raise ModelImportError("shapes are for an ONNX model; a PyTorch module takes example_inputs of its shapes")
-        return Imported(load_torch(model, example_inputs), None)
+        mod = load_torch(model, example_inputs)
+        exported, note = export_onnx(model, example_inputs)
+        return Imported(mod, exported, note)
     raise ModelImportError(
         f"cannot optimize a {type(model).__name__}: collage takes a Relax tvm.IRModule, an ONNX model (a file "
         "or an onnx.ModelProto) or a PyTorch module (torch.nn.Module with example_inputs)"
@@ -83,6 +92,29 @@ def load_torch(module, example_inputs) -> tvm.IRModule:
         return from_exported_program(exported, keep_params_as_input=False)
     except Exception as err:  # noqa: BLE001 -- "Unsupported function types [...]" is an AssertionError
         raise ModelImportError(f"TVM's PyTorch importer cannot import it: {first_line(err)}") from None
+
+
+def export_onnx(module, example_inputs) -> tuple[object | None, str | None]:
+    """(the ONNX model ``torch.onnx.export`` writes of ``module``, None), as its users export
+    it for an inference engine, or (None, why not). The engines' graph optimizers recognise
+    what that exporter writes (GELU, LayerNorm, attention), so each engine runs this file whole
+    among the finalists, beside collage's own conversion."""
+    import onnx
+    import torch
+
+    if isinstance(module, torch.export.ExportedProgram):
+        module = module.module()
+    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    buffer = io.BytesIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+            torch.onnx.export(module, inputs, buffer, dynamo=False, opset_version=TORCH_ONNX_OPSET)
+        model = onnx.load_from_string(buffer.getvalue())
+    except Exception as err:  # noqa: BLE001 -- the exporter's errors share no type
+        return None, f"torch.onnx.export cannot export the module: {type(err).__name__}: {first_line(err)}"
+    model.ir_version = ONNX_IR_VERSION
+    return model, None
 
 
 def load_onnx(source, shapes: Mapping[str, Sequence[int]] | None = None) -> tvm.IRModule:

@@ -28,6 +28,7 @@ import torch
 import tvm
 
 from . import api
+from .frontend import export_onnx
 
 # What ``options`` may set: optimize's arguments that are not the model itself.
 MODEL_ARGUMENTS = ("mod", "params", "onnx_model", "example_inputs", "shapes")
@@ -117,7 +118,8 @@ class CompiledGraph:
     def _optimized(self, args):
         key = tuple(tuple(args[k].shape) for k in self.inputs) + tuple(int(args[k]) for k in self.sizes)
         if key not in self.optimized:
-            self.optimized[key] = api.optimize(relax_module(self.gm, args, self.weights), **self.options)
+            mod, onnx_model = relax_module(self.gm, args, self.weights)
+            self.optimized[key] = api.optimize(mod, onnx_model=onnx_model, **self.options)
             self.mains[key] = self.optimized[key].main
         return self.mains[key]
 
@@ -129,15 +131,17 @@ def _dlpack_ready(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def relax_module(gm: torch.fx.GraphModule, args, weights: dict[int, torch.Tensor]) -> tvm.IRModule:
-    """``gm`` as a Relax module for these very ``args``: the inputs that are not weights
-    become ``main``'s parameters, the weights constants, sizes their values."""
+def relax_module(gm: torch.fx.GraphModule, args, weights: dict[int, torch.Tensor]) -> tuple[tvm.IRModule, object]:
+    """``gm`` as a Relax module for these very ``args`` (the inputs that are not weights
+    become ``main``'s parameters, the weights constants, sizes their values), and as
+    ``torch.onnx.export`` writes it (None where it cannot), for each engine to run whole."""
     from tvm.relax.frontend.torch import from_exported_program
 
     frozen = _Frozen(gm, args, weights)
     inputs = tuple(a.detach() for k, a in enumerate(args) if k not in weights and isinstance(a, torch.Tensor))
     exported = torch.export.export(frozen, inputs)
-    return from_exported_program(exported, keep_params_as_input=False)
+    onnx_model, _ = export_onnx(frozen, inputs)  # a graph torch's exporter cannot take is placed without it
+    return from_exported_program(exported, keep_params_as_input=False), onnx_model
 
 
 class _Frozen(torch.nn.Module):
