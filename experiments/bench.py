@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import models
+from experiments.corpus import CORPUS
 from experiments.peers import PEERS, PrepareFn, Runner, pin_threads
 from experiments.plot import format_ms, peer_names, plot_latency
 
@@ -390,8 +391,8 @@ def run(
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--model", nargs="+", required=True, choices=[*models.MODELS, "all"], metavar="NAME",
-        help=f"models to run, or 'all': {', '.join(models.MODELS)}",
+        "--model", nargs="+", required=True, choices=[*models.MODELS, *CORPUS, "all", "corpus"], metavar="NAME",
+        help=f"models to run, 'all' (the zoo) or 'corpus' (experiments.corpus): {', '.join([*models.MODELS, *CORPUS])}",
     )  # fmt: skip
     parser.add_argument(
         "--peers", nargs="+", default=list(PEERS), choices=list(PEERS), metavar="PEER",
@@ -424,7 +425,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    names = list(models.MODELS) if "all" in args.model else args.model
+    names = [n for n in args.model if n not in ("all", "corpus")]
+    names += list(models.MODELS) * ("all" in args.model) + list(CORPUS) * ("corpus" in args.model)
     settings = Settings(args.threads, args.budget, args.min_reps, args.max_reps)
     peers = {name: PEERS[name] for name in PEERS if name in args.peers}
     start = time.perf_counter()

@@ -685,3 +685,33 @@ def test_batched_matmul_runs_on_every_batch_axis():
     assert dict(op_histogram(after)) == {"relax.matmul": 1} and report.applied("matmul_on_all_axes") == 1
     _, report = _simplify(build((3, 2, 4, 4)))  # split back otherwise: the merged layout is needed
     assert report.applied("matmul_on_all_axes") == 0
+
+
+@pytest.mark.parametrize("through_reshape", [False, True])
+def test_batch_norm_after_a_linear_without_bias_folds_into_its_weights(through_reshape):
+    # LeViT's Linear + BatchNorm1d: the importer reshapes (batch, tokens, features) to 2-D for it.
+    def linear_bn(bb, x):
+        product = bb.emit(relax.op.matmul(x, relax.const(_random(8, 6))))
+        if through_reshape:
+            product = bb.emit(relax.op.reshape(product, (6, 6)))
+        normed = _batch_norm(bb, product, 6, axis=-1)
+        return relax.op.reshape(normed, (2, 3, 6)) if through_reshape else normed
+
+    after, report = _simplify(_module((2, 3, 8), linear_bn))
+    assert report.applied("fold_scale_into_matmul") == 1
+    assert op_histogram(after)["relax.multiply"] == 0 and op_histogram(after)["relax.add"] == 1
+
+
+def test_a_grouped_query_operand_is_regrouped_for_the_batched_matmul():
+    # Attention probabilities (1, 4, 6, 6) times values repeated for grouped-query attention,
+    # which arrive as (1, groups 2, repeats 2, 6, 5): the importer flattened both to 3-D.
+    bb = relax.BlockBuilder()
+    p, v = relax.Var("p", relax.TensorType((1, 4, 6, 6), "float32")), relax.Var("v", relax.TensorType((1, 2, 2, 6, 5), "float32"))
+    with bb.function("main", [p, v]):
+        with bb.dataflow():
+            flat = bb.emit(relax.op.matmul(bb.emit(relax.op.reshape(p, (4, 6, 6))), bb.emit(relax.op.reshape(v, (4, 6, 5)))))
+            out = bb.emit_output(relax.op.reshape(flat, (1, 4, 6, 5)))
+        bb.emit_func_output(out)
+    after, report = _simplify(bb.get())
+    assert report.applied("matmul_on_all_axes") == 1
+    assert dict(op_histogram(after)) == {"relax.matmul": 1, "relax.reshape": 1}

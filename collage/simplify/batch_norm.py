@@ -158,3 +158,35 @@ def _merge_constant_adds(matches: Matches, single_use: set) -> relax.Expr | None
 
 
 MERGE_CONSTANT_ADDS = PatternRewrite("merge_constant_adds", _second_add, _merge_constant_adds)
+
+# --------------------------------------------------------------------------- fold_scale_into_matmul
+
+_mm_data, _mm_weight, _mm_scale = wildcard(), is_const(), is_const()
+_mm = is_op("relax.matmul")(_mm_data, _mm_weight)
+_mm_flat = is_op("relax.reshape")(_mm, wildcard())
+_scaled_mm = is_op("relax.multiply")(_mm_flat | _mm, _mm_scale)
+
+
+def _fold_scale_into_matmul(matches: Matches, single_use: set) -> relax.Expr | None:
+    mm, scaled = matches[_mm], matches[_scaled_mm]
+    flat = matches.get(_mm_flat)
+    weight = matches[_mm_weight].value.numpy()
+    if mm not in single_use or (flat is not None and flat not in single_use) or weight.ndim != 2:
+        return None  # another reader needs the unscaled product; or a batch of weights
+    outputs, out = weight.shape[1], scaled.ty
+    if out.ndim < 1 or out.shape is None or int(out.shape.values[-1]) != outputs:
+        return None  # the reshape between moved the output features off the last axis
+    scale = matches[_mm_scale].value.numpy()
+    if scale.dtype != weight.dtype or str(out.dtype) != str(weight.dtype):
+        return None
+    vector = _per_channel(scale, out.ndim, out.ndim - 1, outputs)
+    if vector is None:
+        return None
+    product = relax.op.matmul(matches[_mm_data], relax.const(weight * vector[None, :], str(weight.dtype)))
+    return product if flat is None else relax.op.reshape(product, flat.args[1])
+
+
+# A linear layer without bias before a BatchNorm1d (LeViT, SwiftFormer; the importer reshapes the
+# tokens to (batch * tokens, features) for it): the BatchNorm's scale goes into the weights, as
+# for a convolution, and leaves one bias add where ONNX Runtime ran a multiply and an add.
+FOLD_SCALE_INTO_MATMUL = PatternRewrite("fold_scale_into_matmul", _scaled_mm, _fold_scale_into_matmul)

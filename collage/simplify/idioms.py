@@ -196,21 +196,33 @@ _batched_back = is_op("relax.reshape")(_batched, wildcard())
 
 
 def _matmul_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
-    left, right = _shape(matches[_left]), _shape(matches[_right])
-    if left is None or right is None or len(left) < 4 or len(left) != len(right) or left[:-2] != right[:-2]:
+    out, left_flat, right_flat = (_shape(matches[p]) for p in (_batched_back, _left_flat, _right_flat))
+    if None in (out, left_flat, right_flat) or len(out) < 4 or len(left_flat) != 3 or len(right_flat) != 3:
         return None
-    batch, (rows, inner), columns = left[:-2], left[-2:], right[-1]
-    flat = math.prod(batch)
-    if right[-2] != inner or _shape(matches[_left_flat]) != [flat, rows, inner] or _shape(matches[_right_flat]) != [flat, inner, columns]:
+    # The batch axes are those the reshape after restores.
+    batch, (rows, columns), inner = out[:-2], out[-2:], left_flat[-1]
+    if left_flat != [math.prod(batch), rows, inner] or right_flat != [math.prod(batch), inner, columns]:
         return None  # not the merging of the batch axes
-    if _shape(matches[_batched_back]) != batch + [rows, columns]:
+    if not all(matches[p] in single_use for p in (_left_flat, _right_flat, _batched)):
         return None
-    if matches[_left_flat] not in single_use or matches[_right_flat] not in single_use or matches[_batched] not in single_use:
-        return None
-    return relax.op.matmul(matches[_left], matches[_right])
+    operands = []
+    for operand, wanted in ((matches[_left], batch + [rows, inner]), (matches[_right], batch + [inner, columns])):
+        shape = _shape(operand)
+        if shape is None or shape[-2:] != wanted[-2:]:
+            return None
+        operands.append((operand, shape == wanted, wanted))
+    if not any(has_batch_axes for _, has_batch_axes, _ in operands):
+        return None  # neither operand has the output's batch axes: the merged layout is needed
+    # Grouped-query attention: RemoveRedundantReshape merged the key/value repeat's reshape to
+    # (batch, heads, tokens, size) into the flattening, so that operand arrives as (batch,
+    # groups, repeats, tokens, size); one reshape regroups it, as torch's exporter writes.
+    left, right = (op if has else relax.op.reshape(op, wanted) for op, has, wanted in operands)
+    return relax.op.matmul(left, right)
 
 
 # The importer merges the batch axes of an attention's (batch, heads, tokens, size) matmuls
 # into one and splits them again after: three reshapes per matmul that torch's ONNX exporter
-# does not write, and that keep ONNX Runtime from fusing the scale after the matmul.
+# does not write, and that keep ONNX Runtime from fusing the scale after the matmul and
+# OpenVINO from fusing the attention (it matches 4-D matmuls only; Llama kept 4 MatMul and 2
+# Softmax layers).
 MATMUL_ON_ALL_AXES = PatternRewrite("matmul_on_all_axes", _batched_back, _matmul_on_all_axes)
