@@ -715,3 +715,15 @@ def test_a_grouped_query_operand_is_regrouped_for_the_batched_matmul():
     after, report = _simplify(bb.get())
     assert report.applied("matmul_on_all_axes") == 1
     assert dict(op_histogram(after)) == {"relax.matmul": 1, "relax.reshape": 1}
+
+
+def test_negative_take_indices_count_from_the_end_as_in_torch():
+    # Falcon's key/value split, qkv[..., [-2], :], as PyTorch's importer writes it.
+    def split(bb, x):
+        return relax.op.take(x, relax.const(np.array([-2, 1], "int64")), axis=2, mode="fast")
+
+    mod = _module((1, 3, 6, 4), split)
+    after, report = collage.simplify(mod, report=True)
+    assert report.applied("wrap_negative_take_indices") == 1
+    x = _random(1, 3, 6, 4)
+    np.testing.assert_array_equal(_run(after, [x])[0], x[:, :, [4, 1], :])

@@ -9,6 +9,11 @@
   the PrimFunc the call runs.
 - ``clip_from_max_min``: ``minimum(maximum(x, lo), hi)`` with scalar constant bounds is
   ``clip(x, lo, hi)``, which engines fuse into the convolution before it (ReLU6).
+- ``linear_on_all_axes`` and ``matmul_on_all_axes``: PyTorch's importer flattens a linear
+  layer's input to 2-D and an attention's batched matmul to 3-D, and reshapes back after;
+  torch's ONNX exporter writes one matmul on all axes, the form the engines' fusions match.
+- ``wrap_negative_take_indices``: constant negative indices counted from the end, as torch
+  and ONNX count them and TVM's fast ``take`` does not.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -226,3 +232,27 @@ def _matmul_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
 # OpenVINO from fusing the attention (it matches 4-D matmuls only; Llama kept 4 MatMul and 2
 # Softmax layers).
 MATMUL_ON_ALL_AXES = PatternRewrite("matmul_on_all_axes", _batched_back, _matmul_on_all_axes)
+
+
+_taken, _indices = wildcard(), is_const()
+_take = is_op("relax.take")(_taken, _indices)
+
+
+def _wrapped_indices(matches: Matches, single_use: set) -> relax.Expr | None:
+    take = matches[_take]
+    indices = matches[_indices].value.numpy()
+    shape = _shape(matches[_taken])
+    if shape is None or indices.dtype.kind not in "iu" or not (indices < 0).any() or take.attrs.axis is None:
+        return None
+    extent = shape[int(take.attrs.axis) % len(shape)]
+    if (indices < -extent).any():
+        return None  # out of range either way: left for the backends to report
+    wrapped = relax.const(np.where(indices < 0, indices + extent, indices).astype(indices.dtype))
+    return relax.op.take(matches[_taken], wrapped, axis=take.attrs.axis, mode=take.attrs.mode)
+
+
+# PyTorch's importer writes ``x[..., [-2], :]`` (Falcon's key and value split off its fused
+# projection) as take(x, [-2], mode="fast"), and TVM's fast take reads index -2 out of bounds
+# instead of from the end: Falcon's outputs came out wrong by 100%. ONNX's Gather and torch
+# count negative indices from the end; written that way, every backend agrees.
+WRAP_NEGATIVE_TAKE_INDICES = PatternRewrite("wrap_negative_take_indices", _take, _wrapped_indices)

@@ -20,7 +20,9 @@ from tvm.relax import transform
 
 from .batch_norm import BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, FOLD_SCALE_INTO_MATMUL, MERGE_CONSTANT_ADDS, SCALE_BEFORE_BIAS
 from .constants import FOLD_ARANGE
-from .idioms import CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_ON_ALL_AXES, MERGE_CLIPS, TE_CALLS_AS_OPS
+from .idioms import (
+    CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_ON_ALL_AXES, MERGE_CLIPS, TE_CALLS_AS_OPS, WRAP_NEGATIVE_TAKE_INDICES,
+)  # fmt: skip
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE
 from .ops import binding_count, op_count
 from .transposes import COMPOSE_PERMUTE_DIMS, IDENTITY_PERMUTE_DIMS, MATMUL_OF_TRANSPOSES
@@ -63,6 +65,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     TvmPass("EliminateCommonSubexpr", transform.EliminateCommonSubexpr),
     TvmPass("DeadCodeElimination", transform.DeadCodeElimination),
     TE_CALLS_AS_OPS,  # before FoldConstant, which then folds what guarded them (Clip's isnan/where)
+    WRAP_NEGATIVE_TAKE_INDICES,  # before FoldConstant, which would fold a take of constants wrong
     FOLD_ARANGE,
     TvmPass("FoldConstant", transform.FoldConstant),  # also pre-transposes constant matmul operands
     CLIP_FROM_MAX_MIN,
