@@ -727,3 +727,16 @@ def test_negative_take_indices_count_from_the_end_as_in_torch():
     assert report.applied("wrap_negative_take_indices") == 1
     x = _random(1, 3, 6, 4)
     np.testing.assert_array_equal(_run(after, [x])[0], x[:, :, [4, 1], :])
+
+
+def test_indexing_a_constant_with_constant_indices_folds():
+    # transformers' attention mask: a constant mask indexed by constant position ids, then used.
+    mask = RNG.random((8, 8)) > 0.5
+    rows, cols = np.array([[0]]), np.array([[2, 5, 7]])
+
+    def masked(bb, x):
+        picked = bb.emit(relax.op.index_tensor(relax.const(mask), relax.Tuple([relax.const(rows), relax.const(cols)])))
+        return relax.op.where(picked, x, relax.const(0.0))
+
+    after, report = _simplify(_module((1, 3), masked))
+    assert report.applied("fold_index_tensor") == 1 and "relax.index_tensor" not in op_histogram(after)

@@ -19,7 +19,7 @@ import tvm_ffi
 from tvm.relax import transform
 
 from .batch_norm import BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, FOLD_SCALE_INTO_MATMUL, MERGE_CONSTANT_ADDS, SCALE_BEFORE_BIAS
-from .constants import FOLD_ARANGE
+from .constants import FOLD_ARANGE, FOLD_INDEX_TENSOR
 from .idioms import (
     CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_ON_ALL_AXES, MERGE_CLIPS, TE_CALLS_AS_OPS, WRAP_NEGATIVE_TAKE_INDICES,
 )  # fmt: skip
@@ -67,6 +67,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     TE_CALLS_AS_OPS,  # before FoldConstant, which then folds what guarded them (Clip's isnan/where)
     WRAP_NEGATIVE_TAKE_INDICES,  # before FoldConstant, which would fold a take of constants wrong
     FOLD_ARANGE,
+    FOLD_INDEX_TENSOR,
     TvmPass("FoldConstant", transform.FoldConstant),  # also pre-transposes constant matmul operands
     CLIP_FROM_MAX_MIN,
     MERGE_CLIPS,
