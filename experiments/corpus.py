@@ -279,11 +279,9 @@ CORPUS: dict[str, CorpusModel] = {
         head_dim=64, use_cache=False,
     ),
     "falcon": _text(
-        "text-decoder", "FalconModel", "FalconConfig", "Falcon (parallel attention and MLP, fused QKV, rotary), multi-head, 2 layers",
-        # Multi-head, not Falcon-7B's multi-query: that splits K and V off with negative list indices
-        # (qkv[..., [-2], :]), which TVM's index lowering reads out of bounds (NaN or wrong values).
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, ffn_hidden_size=1024, multi_query=False,
-        use_cache=False,
+        "text-decoder", "FalconModel", "FalconConfig", "Falcon-7B layout (parallel attention and MLP, multi-query, fused QKV, rotary), 2 layers",
+        # Its multi-query split, qkv[..., [-2], :], is why simplify wraps negative take indices.
+        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, ffn_hidden_size=1024, use_cache=False,
     ),
     "gptj": _text(
         "text-decoder", "GPTJModel", "GPTJConfig", "GPT-J (interleaved rotary on 16 of 64 dims), 256 wide, 2 layers",
