@@ -65,12 +65,16 @@ def conv(dims: int = 2, bias: bool = False, residual: bool = False, relu: bool =
     return out, annotations
 
 
-def matmul(bias: bool = False, relu: bool = False) -> WithAnnotations:
-    """``relu?(lhs @ rhs + bias?)`` where ``rhs`` may be ``permute_dims(rhs)``."""
+def matmul(bias: bool = False, relu: bool = False, transpose: str = "maybe") -> WithAnnotations:
+    """``relu?(lhs @ rhs + bias?)`` where ``rhs`` is ``permute_dims(rhs)`` when ``transpose``
+    is "always", may be when "maybe"; "never" leaves a permute_dims before it to another kernel."""
     lhs, rhs = wildcard(), wildcard()
-    transpose = is_op("relax.permute_dims")(rhs)
-    out = is_op("relax.matmul")(lhs, transpose | rhs)
-    annotations = {"lhs": lhs, "rhs": rhs, "transpose": transpose, "matmul": out}
+    annotations = {"lhs": lhs, "rhs": rhs}
+    permuted = annotations["transpose"] = is_op("relax.permute_dims")(rhs)
+    operand = {"maybe": permuted | rhs, "always": permuted, "never": rhs}[transpose]
+    if transpose == "never":
+        del annotations["transpose"]
+    out = annotations["matmul"] = is_op("relax.matmul")(lhs, operand)
     if bias:
         out = _add_bias(out, annotations)
     if relu:
@@ -113,12 +117,16 @@ def conv_patterns(backend: str, dims: tuple[int, ...] = (2, 3)) -> tuple[Pattern
 
 
 def matmul_patterns(backend: str) -> tuple[Pattern, ...]:
-    """``dense``, ``dense_bias``, ``dense_bias_relu`` (2-D weight) and ``batch_matmul``."""
+    """``dense``, ``dense_bias``, ``dense_bias_relu`` (2-D weight) and ``batch_matmul`` (with a
+    transposed right operand: ``batch_matmul_transposed``)."""
     return (
         Pattern(f"{backend}.dense", *matmul(), check=DENSE_CHECK),
         Pattern(f"{backend}.dense_bias", *matmul(bias=True), check=DENSE_CHECK),
         Pattern(f"{backend}.dense_bias_relu", *matmul(bias=True, relu=True), check=DENSE_CHECK),
-        Pattern(f"{backend}.batch_matmul", *matmul(), check=BATCH_MATMUL_CHECK),
+        # Attention's operands arrive permuted from (batch, tokens, heads, size): a permute that
+        # is not a transpose of the last two axes stays out, and the batch matmul takes its result.
+        Pattern(f"{backend}.batch_matmul", *matmul(transpose="never"), check=BATCH_MATMUL_CHECK),
+        Pattern(f"{backend}.batch_matmul_transposed", *matmul(transpose="always"), check=BATCH_MATMUL_CHECK),
     )
 
 
