@@ -34,11 +34,6 @@ class Imported(NamedTuple):
     onnx_note: str | None = None  # why a PyTorch module has no ONNX export beside it
 
 
-# What torch's users export for ONNX Runtime and OpenVINO: the TorchScript exporter at opset 17
-# (the dynamo exporter starts at 18), at IR version 10, which ONNX Runtime loads.
-TORCH_ONNX_OPSET = 17
-ONNX_IR_VERSION = 10
-
 
 def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]] | None = None) -> Imported:
     """``model`` as a Relax IRModule: a Relax module as it is; an ONNX model (a file, or an
@@ -102,6 +97,10 @@ def export_onnx(module, example_inputs) -> tuple[object | None, str | None]:
     import onnx
     import torch
 
+    # The opset and IR version collage's own conversion writes, which every engine here loads;
+    # the TorchScript exporter writes opset 17 natively (the dynamo exporter starts at 18).
+    from .onnx_convert import IR_VERSION, OPSET
+
     if isinstance(module, torch.export.ExportedProgram):
         module = module.module()
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
@@ -109,11 +108,11 @@ def export_onnx(module, example_inputs) -> tuple[object | None, str | None]:
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(module, inputs, buffer, dynamo=False, opset_version=TORCH_ONNX_OPSET)
+            torch.onnx.export(module, inputs, buffer, dynamo=False, opset_version=OPSET)
         model = onnx.load_from_string(buffer.getvalue())
     except Exception as err:  # noqa: BLE001 -- the exporter's errors share no type
         return None, f"torch.onnx.export cannot export the module: {type(err).__name__}: {first_line(err)}"
-    model.ir_version = ONNX_IR_VERSION
+    model.ir_version = IR_VERSION
     return model, None
 
 

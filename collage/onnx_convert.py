@@ -992,9 +992,14 @@ class _Written:
         self.nodes = nodes
         self.scalars = {t.name: float(numpy_helper.to_array(t)) for t in initializers if not t.dims}
         self.float32 = {t.name for t in initializers if t.data_type == onnx.TensorProto.FLOAT}  # CPU kernels' type
-        self.ints = {t.name: numpy_helper.to_array(t).tolist() for t in initializers if t.data_type == onnx.TensorProto.INT64}
+        self._int64 = {t.name: t for t in initializers if t.data_type == onnx.TensorProto.INT64}
         self.producer = {out: n for n in nodes for out in n.output}
         self.readers = Counter(name for n in nodes for name in n.input)
+
+    def ints(self, name: str) -> list[int] | None:
+        """The values of int64 constant ``name`` (axes, shapes), or None when it is none."""
+        t = self._int64.get(name)
+        return None if t is None else numpy_helper.to_array(t).tolist()
 
     def made_by(self, name: str, op_type: str):
         """The node making ``name`` when it is an ``op_type`` read by one node only, else None."""
@@ -1056,7 +1061,8 @@ def _l2_norms(w: _Written) -> tuple[dict, set]:
         if n.op_type != "Pow" or w.scalars.get(n.input[1]) != 0.5:
             continue
         total = w.made_by(n.input[0], "ReduceSum")
-        if total is None or len(total.input) != 2 or total.input[1] not in w.ints:
+        axes = w.ints(total.input[1]) if total is not None and len(total.input) == 2 else None
+        if axes is None:
             continue
         square = w.made_by(total.input[0], "Pow")
         if square is None or w.scalars.get(square.input[1]) != 2.0:
@@ -1064,7 +1070,7 @@ def _l2_norms(w: _Written) -> tuple[dict, set]:
         absolute = w.made_by(square.input[0], "Abs")  # |x| ** 2 is x ** 2: the Abs may go too
         x = absolute.input[0] if absolute is not None else square.input[0]
         keepdims = next((a.i for a in total.attribute if a.name == "keepdims"), 1)
-        replaced[id(n)] = helper.make_node("ReduceL2", [x], list(n.output), axes=w.ints[total.input[1]], keepdims=keepdims)
+        replaced[id(n)] = helper.make_node("ReduceL2", [x], list(n.output), axes=axes, keepdims=keepdims)
         dropped.update(id(p) for p in (total, square, absolute) if p is not None)
     return replaced, dropped
 

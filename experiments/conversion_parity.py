@@ -29,10 +29,11 @@ from collections import Counter
 from pathlib import Path
 
 from experiments import models
-from experiments.peers import onnxruntime_session, openvino_request, pin_threads
+from experiments.corpus_check import relative_diff
+from experiments.peers import onnxruntime_session, openvino_request, pin_threads, prepare_onnxruntime, prepare_openvino
 
 RESULTS = Path(__file__).parent / "results" / "conversion_parity.json"
-ENGINES = ("onnxruntime", "openvino")
+ENGINES = {"onnxruntime": prepare_onnxruntime, "openvino": prepare_openvino}  # as experiments.peers calls them
 
 
 def converted(w: models.Workload):
@@ -55,16 +56,9 @@ def onnxruntime_ops(model, threads: int) -> Counter:
     """The operator kinds of ONNX Runtime's optimized graph of ``model``."""
     import onnx
 
-    import onnxruntime as ort
-
     with tempfile.TemporaryDirectory() as folder:
-        path = f"{folder}/optimized.onnx"
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = threads
-        options.optimized_model_filepath = path
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        return Counter(node.op_type for node in onnx.load(path).graph.node)
+        onnxruntime_session(model, threads, optimized_model_filepath=f"{folder}/optimized.onnx")
+        return Counter(node.op_type for node in onnx.load(f"{folder}/optimized.onnx").graph.node)
 
 
 def openvino_ops(model, threads: int) -> Counter:
@@ -72,37 +66,6 @@ def openvino_ops(model, threads: int) -> Counter:
     request = openvino_request(model, threads)
     runtime = request.get_compiled_model().get_runtime_model()
     return Counter(op.get_rt_info()["layerType"].astype(str) for op in runtime.get_ordered_ops())
-
-
-def runner(engine: str, model, w: models.Workload, threads: int):
-    """One inference of ``engine`` on ``model``, as ``experiments.peers`` calls it."""
-    import numpy as np
-
-    if engine == "onnxruntime":
-        import onnxruntime as ort
-
-        session = onnxruntime_session(model, threads)
-        feed = {i.name: ort.OrtValue.ortvalue_from_numpy(t.numpy()) for i, t in zip(session.get_inputs(), w.inputs)}
-        names = [o.name for o in session.get_outputs()]
-        return lambda: [v.numpy() for v in session.run_with_ort_values(names, feed)]
-    import openvino as ov
-
-    request = openvino_request(model, threads)
-    arrays = [np.ascontiguousarray(t.numpy()) for t in w.inputs]
-    for i, array in enumerate(arrays):
-        request.set_input_tensor(i, ov.Tensor(array, shared_memory=True))
-
-    def run():
-        request.infer()
-        return [t.data for t in request.output_tensors]
-
-    return run
-
-
-def relative_error(outs, refs) -> float:
-    import numpy as np
-
-    return max(float(np.abs(o - r).max()) / max(float(np.abs(r).max()), 1e-12) for o, r in zip(outs, refs))
 
 
 def measure(name: str, threads: int, rounds: int) -> dict:
@@ -113,10 +76,11 @@ def measure(name: str, threads: int, rounds: int) -> dict:
     files = {"export": w.onnx, "converted": converted(w)}
     refs = w.reference()
     result = {"description": w.spec.description, "input": list(w.input_shape)}
-    for engine in ENGINES:
+    for engine, prepare in ENGINES.items():
         count = onnxruntime_ops if engine == "onnxruntime" else openvino_ops
-        calls = {kind: runner(engine, model, w, threads) for kind, model in files.items()}
-        errors = {kind: f"{relative_error(call(), refs):.1e}" for kind, call in calls.items()}
+        runners = {kind: prepare(w, threads, model) for kind, model in files.items()}
+        calls = {kind: r.run for kind, r in runners.items()}
+        errors = {kind: f"{relative_diff(r.to_numpy(r.run()), refs):.1e}" for kind, r in runners.items()}
         ops = {kind: count(model, threads) for kind, model in files.items()}
         result[engine] = {"max_rel_err": errors}
         if rounds:

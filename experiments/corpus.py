@@ -65,6 +65,9 @@ def _audio(model, config, shape, description, **settings) -> CorpusModel:
 
 # Text models keep a head size of 64 (hidden 256, 4 heads; hidden 128, 2 heads where the
 # original is narrow); decoders run without a key/value cache, a whole sequence per call.
+# BERT-style settings most text and audio encoders share, in their configs' own names:
+ENCODER_256 = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024)
+
 CORPUS: dict[str, CorpusModel] = {
     # ------------------------------------------------------------------ vision CNNs
     "resnet": _image(
@@ -172,24 +175,24 @@ CORPUS: dict[str, CorpusModel] = {
     # ------------------------------------------------------------------ text encoders
     "roberta": _text(
         "text-encoder", "RobertaModel", "RobertaConfig", "RoBERTa, 256 wide, 2 layers",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
+        **ENCODER_256,
     ),
     "albert": _text(
         "text-encoder", "AlbertModel", "AlbertConfig", "ALBERT (factorized embeddings, one layer shared twice), 256 wide",
-        embedding_size=128, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
+        embedding_size=128, **ENCODER_256,
     ),
     "electra": _text(
         "text-encoder", "ElectraModel", "ElectraConfig", "ELECTRA-small width, 2 layers",
-        embedding_size=128, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
+        embedding_size=128, **ENCODER_256,
     ),
     "deberta": _text(
         "text-encoder", "DebertaModel", "DebertaConfig", "DeBERTa (disentangled attention, c2p and p2c), 256 wide, 2 layers",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
+        **ENCODER_256,
         relative_attention=True, pos_att_type=["c2p", "p2c"],
     ),
     "deberta_v2": _text(
         "text-encoder", "DebertaV2Model", "DebertaV2Config", "DeBERTa-v3 settings (shared keys, normed relative embeddings), 256 wide",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
+        **ENCODER_256,
         # No log buckets: their int / int is typed int by TVM's importer, and relax.log refuses it.
         # At 64 tokens every distance is under 128, where buckets begin, so they would change no position.
         relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=-1, norm_rel_ebd="layer_norm",
@@ -197,7 +200,7 @@ CORPUS: dict[str, CorpusModel] = {
     ),
     "mpnet": _text(
         "text-encoder", "MPNetModel", "MPNetConfig", "MPNet (relative position buckets), 256 wide, 2 layers",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
+        **ENCODER_256,
     ),
     "funnel": _text(
         "text-encoder", "FunnelBaseModel", "FunnelConfig", "Funnel Transformer (pooled blocks, factorized relative attention), 256 wide",
@@ -211,11 +214,11 @@ CORPUS: dict[str, CorpusModel] = {
     ),
     "squeezebert": _text(
         "text-encoder", "SqueezeBertModel", "SqueezeBertConfig", "SqueezeBERT (grouped 1d convolutions), 256 wide, 2 layers",
-        embedding_size=256, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
+        embedding_size=256, **ENCODER_256,
     ),
     "roformer": _text(
         "text-encoder", "RoFormerModel", "RoFormerConfig", "RoFormer (rotary positions), 256 wide, 2 layers",
-        embedding_size=256, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
+        embedding_size=256, **ENCODER_256,
     ),
     "modernbert": _text(
         "text-encoder", "ModernBertModel", "ModernBertConfig", "ModernBERT (GeGLU, rotary, global and local attention), 3 layers",
@@ -289,7 +292,7 @@ CORPUS: dict[str, CorpusModel] = {
     ),
     "gpt_neox": _text(
         "text-decoder", "GPTNeoXModel", "GPTNeoXConfig", "GPT-NeoX / Pythia (parallel residual, rotary 25%), 2 layers",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024, use_cache=False,
+        **ENCODER_256, use_cache=False,
     ),
     "gpt_bigcode": _text(
         "text-decoder", "GPTBigCodeModel", "GPTBigCodeConfig", "GPTBigCode / StarCoder (multi-query), 256 wide, 2 layers",
@@ -298,34 +301,34 @@ CORPUS: dict[str, CorpusModel] = {
     # ------------------------------------------------------------------ audio
     "wav2vec2": _audio(
         "Wav2Vec2Model", "Wav2Vec2Config", (1, AUDIO_SAMPLES), "wav2vec 2.0: conv feature encoder (128 channels), 2 layers",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024, conv_dim=[128] * 7,
+        **ENCODER_256, conv_dim=[128] * 7,
     ),
     "hubert": _audio(
         "HubertModel", "HubertConfig", (1, AUDIO_SAMPLES), "HuBERT: conv feature encoder (128 channels), 2 layers",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024, conv_dim=[128] * 7,
+        **ENCODER_256, conv_dim=[128] * 7,
     ),
     "data2vec_audio": _audio(
         "Data2VecAudioModel", "Data2VecAudioConfig", (1, AUDIO_SAMPLES), "data2vec audio (LayerNorm conv encoder, 5 conv position layers)",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024, conv_dim=[128] * 7,
+        **ENCODER_256, conv_dim=[128] * 7,
     ),
     "wavlm": _audio(
         "WavLMModel", "WavLMConfig", (1, AUDIO_SAMPLES), "WavLM (gated relative position bias), 2 layers",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024, conv_dim=[128] * 7,
+        **ENCODER_256, conv_dim=[128] * 7,
     ),
     "sew": _audio(
         "SEWModel", "SEWConfig", (1, AUDIO_SAMPLES), "SEW (squeezed sequence, 13 conv layers), 2 layers",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
+        **ENCODER_256,
         conv_dim=[64, 64, 64, 64, 64, 128, 128, 128, 128, 128, 128, 128, 128],
     ),
     "sew_d": _audio(
         "SEWDModel", "SEWDConfig", (1, AUDIO_SAMPLES), "SEW-D (squeezed sequence, disentangled attention), 2 layers",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
+        **ENCODER_256,
         conv_dim=[64, 64, 64, 64, 64, 128, 128, 128, 128, 128, 128, 128, 128],
         position_buckets=-1,  # as deberta_v2's: log buckets fail to import, and no distance here reaches them
     ),
     "wav2vec2_conformer": _audio(
         "Wav2Vec2ConformerModel", "Wav2Vec2ConformerConfig", (1, AUDIO_SAMPLES), "wav2vec 2.0 Conformer (relative attention, conv module)",
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024, conv_dim=[128] * 7,
+        **ENCODER_256, conv_dim=[128] * 7,
     ),
     "ast": _audio(
         "ASTModel", "ASTConfig", (1, 100, 128), "Audio Spectrogram Transformer: 1 s of 128-bin log-mel, 192 wide, 2 layers",

@@ -80,15 +80,18 @@ def _torch_outputs(out) -> list[np.ndarray]:
     return [t.numpy() for t in (out if isinstance(out, (tuple, list)) else (out,))]
 
 
-def onnxruntime_session(model, threads: int, **config_entries: str):
+def onnxruntime_session(model, threads: int, optimized_model_filepath: str | None = None, **config_entries: str):
     """An ONNX Runtime CPU session on an ONNX ModelProto with all graph optimizations and
-    ``threads`` intra-op threads; ``config_entries`` are session config entries."""
+    ``threads`` intra-op threads; ``config_entries`` are session config entries. With
+    ``optimized_model_filepath``, ONNX Runtime writes its optimized graph there."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    if optimized_model_filepath is not None:
+        options.optimized_model_filepath = optimized_model_filepath
     for key, value in config_entries.items():
         options.add_session_config_entry(key, value)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -106,11 +109,12 @@ def openvino_request(model, threads: int):
     return core.compile_model(model, "CPU", config).create_infer_request()
 
 
-def prepare_onnxruntime(w: Workload, threads: int) -> Runner:
-    """ONNX Runtime's CPU execution provider with all graph optimizations."""
+def prepare_onnxruntime(w: Workload, threads: int, model=None) -> Runner:
+    """ONNX Runtime's CPU execution provider with all graph optimizations, on ``model`` (by
+    default the model's ONNX export)."""
     import onnxruntime as ort
 
-    session = onnxruntime_session(w.onnx, threads)
+    session = onnxruntime_session(w.onnx if model is None else model, threads)
     # OrtValues wrap the arrays once; session.run would convert a numpy feed on every call.
     feed = {
         i.name: ort.OrtValue.ortvalue_from_numpy(t.numpy())
@@ -123,11 +127,12 @@ def prepare_onnxruntime(w: Workload, threads: int) -> Runner:
     )
 
 
-def prepare_openvino(w: Workload, threads: int) -> Runner:
-    """OpenVINO's CPU plugin in f32 (it would pick bf16 on this CPU), tuned for latency."""
+def prepare_openvino(w: Workload, threads: int, model=None) -> Runner:
+    """OpenVINO's CPU plugin in f32 (it would pick bf16 on this CPU), tuned for latency, on
+    ``model`` (by default the model's ONNX export)."""
     import openvino as ov
 
-    request = openvino_request(w.onnx, threads)
+    request = openvino_request(w.onnx if model is None else model, threads)
     inputs = [t.numpy() for t in w.inputs]
     for i, array in enumerate(inputs):
         request.set_input_tensor(i, ov.Tensor(array, shared_memory=True))

@@ -16,6 +16,7 @@ from collage.backend import Unsupported
 from collage.graph import DataflowGraph
 from collage.onnx_convert import CONVERTERS, IR_VERSION, OPSET, supports, to_onnx
 from experiments import models
+from experiments.conversion_parity import onnxruntime_ops
 
 op = relax.op
 nn = relax.op.nn
@@ -358,15 +359,6 @@ def test_hard_activations_become_onnx_operators_where_they_match(make, fused):
     assert runner.mismatch([outputs[0].numpy()], expected) is None
 
 
-def _optimized_ops(model, folder) -> set:
-    """The operator kinds of ONNX Runtime's optimized graph of ``model``."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.optimized_model_filepath = str(folder / "optimized.onnx")
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
-
-
 def _l2_norm(x):  # torch.norm over the spatial axes, as PyTorch's importer spells it out
     return op.power(op.sum(op.power(op.abs(x), relax.const(2.0)), axis=[2, 3], keepdims=True), relax.const(0.5))
 
@@ -378,10 +370,10 @@ def _l2_norm(x):  # torch.norm over the spatial axes, as PyTorch's importer spel
         (_l2_norm, "ReduceL2", {"Pow", "ReduceSum", "Abs"}),
     ],
 )
-def test_the_engines_fuse_what_the_conversion_writes_as_the_exporter_does(make, fused, gone, tmp_path):
+def test_the_engines_fuse_what_the_conversion_writes_as_the_exporter_does(make, fused, gone):
     func = function(make, IMG)
     model = to_onnx(func)
-    optimized = _optimized_ops(model, tmp_path)
+    optimized = set(onnxruntime_ops(model, threads=2))
     assert fused in optimized and not optimized & gone
     arrays = runner.random_inputs(func)
     expected = runner.run_reference(func, arrays)
