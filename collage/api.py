@@ -238,7 +238,7 @@ def optimize(
 
     t = time.perf_counter()
     stage(f"timing {len(finalists)} finalist(s) against each other")
-    timed = time_finalists({name: f.vm for name, f in finalists.items()}, arrays, target, meter=meter)
+    timed = time_finalists(finalists, arrays, target, meter=meter)
     measured = timed.costs
     stats["finalist_timing"] = {"others_busy_cores": timed.others_busy_cores, "attempts": timed.attempts}
     chosen, note = choose(measured, {name: f.simplicity for name, f in finalists.items()}, objective, timed.race)
@@ -405,7 +405,7 @@ def _best_engine(engines, alone: dict[str, str], finalists: dict[str, Finalist],
     timed = {e.name: alone[e.name] for e in engines if alone.get(e.name) in finalists}
     if len(set(timed.values())) < 2:
         return next((e for e in engines if e.name in timed), engines[0])
-    times = time_finalists({engine: finalists[name].vm for engine, name in timed.items()}, arrays, target).costs
+    times = time_finalists({engine: finalists[name] for engine, name in timed.items()}, arrays, target).costs
     fastest = min(times, key=lambda e: times[e].median_ms)
     return next(e for e in engines if e.name == fastest)
 

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 from tvm import relax
 
-from .assemble import Assembly
+from .assemble import Assembly, bound_main
 from .cost import Cost
 from .meters import EnergyMeter
 from .placement import Partition
@@ -136,14 +136,16 @@ class Timed(NamedTuple):
 
 
 def time_finalists(
-    vms: dict[str, relax.VirtualMachine],
+    contenders: dict[str, Finalist | relax.VirtualMachine],
     arrays: list[np.ndarray],
     target: str,
     protocol: Protocol = FINALIST_PROTOCOL,
     meter: EnergyMeter | None = None,
 ) -> Timed:
-    """End-to-end cost of each module (label -> VM) on ``arrays``, timed against each other
-    (and metered, with a ``meter``: the energy of one call, for objectives that weigh it).
+    """End-to-end cost of each contender on ``arrays``, timed against each other (and metered,
+    with a ``meter``: the energy of one call, for objectives that weigh it). A contender is a
+    Finalist, called as ``OptimizedModule.bind`` calls it (``assemble.bound_main``), or a bare
+    VM (a module with nothing placed, an exported one), whose ``main`` is called.
 
     A shared host's other processes can take a core for seconds: on 2 cores a library that
     splits its work statically then runs nearly twice as slow while one that balances work
@@ -154,7 +156,7 @@ def time_finalists(
     ``ATTEMPTS`` times; the quietest timing is kept. Unmetered, the rounds then go on for the
     leader and each finalist still undecided against it (``Race``), up to ``MAX_ROUNDS``."""
     inputs = to_tensors(arrays, device_for(target))
-    calls = {label: synchronized(functools.partial(vm["main"], *inputs), target) for label, vm in vms.items()}
+    calls = {label: synchronized(_bound(contender, inputs, target), target) for label, contender in contenders.items()}
     if meter is not None:
         return _quietest(lambda: (time_contenders(calls, protocol, meter), None))
     timed = _quietest(lambda: _raced(calls, protocol))
@@ -170,6 +172,12 @@ def time_finalists(
         rounds = min(EXTRA_ROUNDS, MAX_ROUNDS - len(race.rounds))
         race.add(time_rounds(contenders, dataclasses.replace(protocol, rounds=rounds, seed=protocol.seed + extra)))
     return timed._replace(costs={name: race.cost(name) for name in calls})
+
+
+def _bound(contender: Finalist | relax.VirtualMachine, inputs, target: str):
+    if isinstance(contender, Finalist):
+        return bound_main(contender.assembly, contender.vm, inputs, device_for(target))
+    return functools.partial(contender["main"], *inputs)
 
 
 def _raced(calls, protocol: Protocol) -> tuple[dict[str, Cost], Race]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from .assemble import Assembly
+from .assemble import Assembly, bound_main
 from .cost import Cost
 from .placement import Partition
 from .report import backend_totals, format_report
@@ -52,6 +52,14 @@ class OptimizedModule:
         """The assembled ``main`` on the Relax VM, taking ``tvm.runtime.Tensor`` inputs: for
         callers that convert their inputs once, such as benchmarks."""
         return self._vm["main"]
+
+    def bind(self, *tensors):
+        """``main`` bound to these ``tvm.runtime.Tensor`` inputs, for callers that run the same
+        buffers again and again (a serving loop, a benchmark): a call with no arguments that
+        returns the outputs. Where the whole model runs in one engine, the outputs are the same
+        tensors on every call, overwritten by the next, as the engine's own infer request
+        does, and the call skips the VM (``assemble.bound_main``)."""
+        return bound_main(self._assembly, self._vm, list(tensors), device_for(self.target))
 
     def backend_shares(self) -> dict[str, float]:
         """Each backend's share of the estimated time (fallbacks, never measured, count zero)."""

@@ -214,7 +214,7 @@ def load_placement(
     else:
         built = assemble_and_check(graph, Placement(graph, partitions), expected, arrays, backend_set, target)
     # Timed as optimize times its finalists, so the two commands print comparable numbers.
-    measured = time_finalists({"placement": built.vm}, arrays, target).costs["placement"]
+    measured = time_finalists({"placement": built}, arrays, target).costs["placement"]
     partitions = built.partitions
     if _runs_file(record):  # no candidate of it was measured: its cost is its time here, as in optimize
         partitions = [dataclasses.replace(partitions[0], cost=measured)]

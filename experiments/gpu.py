@@ -117,8 +117,7 @@ def run_model(name: str, cost_log: str, energy: bool) -> dict:
     entry["backend_shares"] = {b: round(s, 4) for b, s in opt.backend_shares().items()}
     entry["finalists_ms"] = {n: round(a["measured_ms"], 4) for n, a in opt.stats["alternatives"].items()}
     tensors = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
-    main = opt.main
-    contenders = {"collage": lambda: main(*tensors)}
+    contenders = {"collage": opt.bind(*tensors)}
     errors = {}
     try:
         contenders.update(peers(w))

@@ -187,8 +187,7 @@ def prepare_collage(w: Workload, threads: int) -> Runner:
         "chosen": opt.stats["chosen"],
         "finalists_ms": {name: round(a["measured_ms"], 4) for name, a in opt.stats["alternatives"].items()},
     }
-    main = opt.main
-    return Runner(lambda: main(*inputs), _tvm_outputs, info)
+    return Runner(opt.bind(*inputs), _tvm_outputs, info)
 
 
 PEERS: dict[str, PrepareFn] = {

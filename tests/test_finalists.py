@@ -264,3 +264,30 @@ def test_finalists_are_timed_again_while_another_process_keeps_a_core_busy():
         spinner.wait()
     assert timed.attempts == ATTEMPTS and timed.others_busy_cores > MAX_OTHERS_BUSY
     assert set(timed.costs) == {"a", "b"} and all(c.is_valid for c in timed.costs.values())
+
+
+def test_a_whole_model_engine_is_called_without_the_vm_and_a_mixed_placement_through_it():
+    from collage.assemble import assemble, bound_main
+    from collage.engine_alone import from_onnx_file
+    from collage.runner import numpy_outputs, to_tensors
+
+    w = models.load("mlp")
+    graph = DataflowGraph(w.relax["main"])
+    backends = default_backends()
+    (expected,) = w.reference()
+    inputs = to_tensors([x.numpy() for x in w.inputs])
+
+    whole, _ = from_onnx_file(w.relax, graph, backends["onnxruntime"], w.onnx, "llvm")
+    call = bound_main(whole, build_vm(whole.module, "llvm"), inputs, inputs[0].device)
+    first, second = call(), call()
+    assert first is second  # the engine's outputs, bound once, as its own session binds them
+    assert np.abs(numpy_outputs(first)[0] - expected).max() <= 1e-4 * np.abs(expected).max()
+
+    split = next(k for k, node in enumerate(graph) if node.op == "relax.nn.relu")
+    parts = [Partition(Candidate(SubGraph(graph, frozenset(nodes)), backend, f"{backend}.fused"), Cost.of(1.0))
+             for nodes, backend in ((range(split), "onnxruntime"), (range(split, len(graph)), "tvm"))]
+    mixed = assemble(graph, parts, backends, "llvm")
+    call = bound_main(mixed, build_vm(mixed.module, "llvm"), inputs, inputs[0].device)
+    first, second = call(), call()
+    assert first is not second  # the VM's fresh outputs
+    assert np.abs(numpy_outputs(second)[0] - expected).max() <= 1e-4 * np.abs(expected).max()
