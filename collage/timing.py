@@ -24,12 +24,16 @@ class Timing:
     stops once ``min_samples`` are in and their interquartile range is within ``rel_spread``
     of the median, or at ``max_samples``, or when ``budget_s`` is spent (with at least
     ``min_samples``): a 50 ms TVM convolution needs fewer samples than a 5 µs add to be known.
-    Warm-up is at least ``warmup`` calls and ``warmup_s`` seconds: an engine's first runs of a
-    whole model are slower (OpenVINO's ResNet-50 once measured 37 ms instead of 21 after one).
+    Warm-up goes in rounds of at least ``warmup`` calls and ``warmup_s`` seconds, until a
+    round runs no faster than the one before it (within ``rel_spread``), or for
+    ``max_warmup_s``: an engine's first runs of a whole model are slower (OpenVINO's ResNet-50
+    once measured 37 ms instead of 21 after one), while a small kernel is warm after a few
+    calls (a fixed 0.1 s of warm-up was most of the time a candidate took to measure).
     """
 
-    warmup: int = 1
-    warmup_s: float = 0.1
+    warmup: int = 3
+    warmup_s: float = 0.01
+    max_warmup_s: float = 0.1
     min_samples: int = 5
     max_samples: int = 30
     rel_spread: float = 0.05
@@ -40,12 +44,20 @@ class Timing:
 def time_call(call: Callable[[], None], timing: Timing = Timing(), meter: EnergyMeter | None = None) -> Cost:
     """Median and interquartile range, in ms, of one ``call()``; with a ``meter``, also the
     energy of one call: the counter's difference over all the timed calls, divided by them."""
-    start, calls = time.perf_counter(), 0
-    while calls < timing.warmup or time.perf_counter() - start < timing.warmup_s:
-        last = time.perf_counter()
-        call()
-        calls += 1
-    once = max(time.perf_counter() - last, 1e-7)  # the last warm call: the warmest estimate
+    # Warm-up in rounds of at least ``warmup`` calls and ``warmup_s``, until a round's time
+    # per call is within ``rel_spread`` of the round before it (no longer falling).
+    start, previous = time.perf_counter(), math.inf
+    while True:
+        round_start, round_calls = time.perf_counter(), 0
+        while round_calls < timing.warmup or time.perf_counter() - round_start < timing.warmup_s:
+            call()
+            round_calls += 1
+        now = time.perf_counter()
+        once = (now - round_start) / round_calls
+        if once >= previous / (1 + timing.rel_spread) or now - start >= timing.max_warmup_s:
+            break
+        previous = once
+    once = max(once, 1e-7)  # the last round's: the warmest estimate
     number = max(1, math.ceil(timing.min_sample_ms / 1e3 / once))
 
     def sample() -> float:

@@ -7,8 +7,9 @@ against each other with the project's protocol (``collage.timing.time_contenders
 
 - ``native``: the engine on the model's ONNX export, called from Python as its users call it
   (``experiments.peers``: ORT's ``run_with_ort_values``, OpenVINO's ``infer``);
-- ``file``: the same file inside a collage module (``collage.engine_alone``): the Relax VM calls
-  the engine's kernel with ``call_dps_packed`` on its own buffers (DLPack, IOBinding);
+- ``file``: the same file inside a collage module (``collage.engine_alone``), called as
+  ``OptimizedModule.bind`` calls it: the engine's kernel directly, on buffers bound once
+  (DLPack, IOBinding), since ``main`` is that one kernel;
 - ``converted``: the whole model converted from Relax by collage (``collage.onnx_convert``),
   in a collage module, with the engine's users' settings (``assemble.runs_alone``);
 - ``converted, spinning stops``: the same kernel as compiled for a placement among other
@@ -42,7 +43,7 @@ def contenders(w: models.Workload, engine: str, threads: int) -> dict:
     import tvm
 
     import collage
-    from collage.assemble import assemble
+    from collage.assemble import assemble, bound_main
     from collage.backend import BackendSet, default_backends
     from collage.candidates import Candidate
     from collage.cost import Cost
@@ -65,13 +66,14 @@ def contenders(w: models.Workload, engine: str, threads: int) -> dict:
     reference = w.reference()
     calls = {"native": NATIVE[engine](w, threads).run}
     for name, assembly in modules.items():
-        main = build_vm(assembly.module)["main"]
-        out = main(*inputs)
+        call = bound_main(assembly, build_vm(assembly.module), inputs, tvm.cpu())
+        out = call()
         got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
         error = float(np.abs(got - reference[0]).max() / np.abs(reference[0]).max())
         if error > 1e-3:
             raise SystemExit(f"{w.name} {engine} {name}: relative error {error:.2g}")
-        calls[name] = _bound(main, inputs, assembly)
+        call.assembly = assembly  # the kernels stay registered while the call lives
+        calls[name] = call
     return calls
 
 
@@ -84,14 +86,6 @@ def _among_others(graph, whole, backend):
     if reason is not None:
         raise SystemExit(reason)
     return assemble(graph, [whole], BackendSet([backend]), compiled={(whole.backend, whole.pattern, whole.nodes, True): (kernel, None)})
-
-
-def _bound(main, inputs, assembly):
-    def call():
-        main(*inputs)
-
-    call.assembly = assembly  # the kernels stay registered while the call lives
-    return call
 
 
 def measure(name: str, threads: int, rounds: int) -> dict:

@@ -168,7 +168,8 @@ def prepare_collage(w: Workload, threads: int) -> Runner:
     given the ONNX export the ONNX Runtime and OpenVINO peers run (as ``collage optimize
     model.onnx`` is), so each engine alone on that file is among its finalists. Costs come
     from the cost log (``$COLLAGE_COST_LOG``, else ``~/.cache/collage``), so only the first run
-    of a model measures its candidates. Prints the placement report."""
+    of a model measures its candidates. Prints the placement report. Timed through
+    ``OptimizedModule.bind``, inputs bound once as the engines' peers bind theirs."""
     import tvm
 
     import collage

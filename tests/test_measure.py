@@ -45,6 +45,21 @@ def test_time_call_stops_at_its_budget():
     assert cost.samples >= 3 and time.perf_counter() - start < 1.0
 
 
+def test_warm_up_lasts_while_calls_still_get_faster_and_no_longer():
+    calls = []
+
+    def slow_at_first():  # an engine's first runs: 20 ms, then 1 ms
+        calls.append(None)
+        time.sleep(0.02 if len(calls) <= 3 else 0.001)
+
+    cost = time_call(slow_at_first, Timing(min_samples=5, max_samples=9, budget_s=1.0))
+    assert cost.median_ms < 5.0  # the slow first runs were warm-up, not samples
+
+    start, steady = time.perf_counter(), []
+    time_call(lambda: steady.append(time.perf_counter()), Timing(min_samples=5, max_samples=9, budget_s=1.0))
+    assert steady[-1] - start < 0.06  # a steady kernel: two short warm-up rounds, then its samples
+
+
 def measurer(tmp_path, *backends, **kw):
     bs = BackendSet([default_backends()["tvm"], *backends])
     return Measurer(bs, threads=2, log=CostLog(tmp_path / "costs.sqlite"), timing=FAST, **kw)
