@@ -49,8 +49,9 @@ class OptimizedModule:
 
     @property
     def main(self):
-        """The assembled ``main`` on the Relax VM, taking ``tvm.runtime.Tensor`` inputs: for
-        callers that convert their inputs once, such as benchmarks."""
+        """The assembled ``main`` on the Relax VM, taking ``tvm.runtime.Tensor`` inputs (new
+        ones on each call, as the torch.compile backend passes them); callers that run the
+        same inputs again and again, such as benchmarks, call ``bind`` instead."""
         return self._vm["main"]
 
     def bind(self, *tensors):
