@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -168,6 +169,7 @@ def optimize(
     measurer = Measurer(BackendSet(usable), target, threads, log, timing, seed=seed, runner=runner, meter=meter)
     measurer.measure_all(candidates, progress=progress)
     stats["measured"] = measurer.measured
+    stats["skipped"] = dict(Counter(measurer.skipped.values()))  # {rule: how many}
     stats["distinct"] = len({measurer.key(c) for c in candidates})
     stats["measure_s"] = time.perf_counter() - t
 
@@ -357,7 +359,9 @@ def _placements(graph, candidates, costs, usable, graph_level: bool, notes: dict
     tvm_only = [c for c in candidates if c.backend == REFERENCE_BACKEND]
     alone = {}
     for backend in usable:
-        regions = [c for c in candidates if c.backend == backend.name and c.pattern == f"{backend.name}{REGION_SUFFIX}"]
+        # Regions measured (not skipped: each then would cost more than a whole-model candidate).
+        regions = [c for c in candidates if c.backend == backend.name and c.pattern == f"{backend.name}{REGION_SUFFIX}"
+                   and (len(c.subgraph) == len(graph) or costs.cost(c).is_valid)]
         if backend.kind != GRAPH_LEVEL or not regions:
             continue
         whole = next((c for c in regions if len(c.subgraph) == len(graph)), None)

@@ -73,6 +73,9 @@ class Backend:
     ONNX file or converted, or all of it but trivial ops. ``requires`` names the Python modules the library needs, and ``probe(target)``
     says why the library cannot run here (no GPU, no oneDNN in this torch build) or None;
     a backend that cannot run is excluded with that reason rather than failing later.
+    ``compile_many(funcs, pattern_names, target)``, where a library compiles several
+    sub-graphs together faster than one by one (TVM: LLVM is set up once per module),
+    returns one Kernel per function; the measurer then sends it candidates in batches.
     """
 
     name: str
@@ -80,6 +83,7 @@ class Backend:
     targets: tuple[str, ...]
     compile: Callable[[relax.Function, str, str], Kernel] | None
     compile_onnx: Callable[..., Kernel] | None = None
+    compile_many: Callable[[list[relax.Function], list[str], str], list[Kernel]] | None = None
     patterns: tuple[Pattern, ...] = ()
     rules: tuple[PatternRule, ...] = ()
     requires: tuple[str, ...] = ()

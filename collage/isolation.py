@@ -7,9 +7,10 @@ A worker that dies or overruns is killed, its candidate becomes ``Cost.invalid(r
 signal, or the timeout, and the last line the worker wrote), and the next candidate gets a
 fresh worker.
 
-A ``MeasureRunner`` is one small interface, ``run(task) -> MeasureResult``; ``InProcess`` and
-``WorkerProcess`` implement it, and a runner on another machine (TVM's RPC tracker) would be a
-third. A ``MeasureTask`` travels as data: the sub-graph function as TVM's JSON text (weights
+A ``MeasureRunner`` is one small interface, ``run(task) -> MeasureResult`` and
+``run_batch(tasks)`` for candidates of a backend that compiles several at once
+(``Backend.compile_many``); ``InProcess`` and ``WorkerProcess`` implement it, and a runner on
+another machine (TVM's RPC tracker) would be a third. A ``MeasureTask`` travels as data: the sub-graph function as TVM's JSON text (weights
 as arrays beside it), the backend record (its functions pickled by reference to their
 modules), the reference outputs as arrays; never a compiled kernel.
 """
@@ -120,17 +121,21 @@ class MeasureResult:
 class MeasureRunner(Protocol):
     def run(self, task: MeasureTask) -> MeasureResult: ...
 
+    def run_batch(self, tasks: list[MeasureTask]) -> list[MeasureResult]: ...
 
-def measure(task: MeasureTask) -> MeasureResult:
-    """Compile, check and time one candidate, in whichever process calls it; never raises."""
+
+def measure(task: MeasureTask, kernel=None) -> MeasureResult:
+    """Compile (unless ``kernel`` is given), check and time one candidate, in whichever
+    process calls it; never raises."""
     backend, func = task.backend, task.func
     try:
         arrays = random_inputs(func, task.seed)
     except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
         return MeasureResult(Cost.invalid(str(err)))
-    kernel, reason = compile_kernel(backend, func, task.pattern, task.target)
-    if reason is not None:
-        return MeasureResult(Cost.invalid(reason))
+    if kernel is None:
+        kernel, reason = compile_kernel(backend, func, task.pattern, task.target)
+        if reason is not None:
+            return MeasureResult(Cost.invalid(reason))
     reference = task.reference
     device = device_for(task.target)
     inputs, outputs = to_tensors(arrays, device), empty_outputs(func, device)
@@ -152,6 +157,18 @@ def measure(task: MeasureTask) -> MeasureResult:
         return MeasureResult(Cost.invalid(f"run failed: {type(err).__name__}: {first_line(err)}"))
 
 
+def measure_batch(tasks: list[MeasureTask]) -> list[MeasureResult]:
+    """Tasks of one backend compiled together (``Backend.compile_many``), then each checked
+    and timed as ``measure`` would; where the batch does not compile (one sub-graph the
+    library rejects fails them all), each is measured alone. Never raises."""
+    backend, target = tasks[0].backend, tasks[0].target
+    try:
+        kernels = backend.compile_many([t.func for t in tasks], [t.pattern for t in tasks], target)
+    except Exception:  # noqa: BLE001 -- compiled one by one, each failure gets its own reason
+        return [measure(t) for t in tasks]
+    return [measure(t, kernel) for t, kernel in zip(tasks, kernels)]
+
+
 class InProcess:
     """Measures in the calling process: no start-up and no copies, but a library that crashes
     ends the optimization. For trusted backends, and for backends whose state must be seen by
@@ -159,6 +176,9 @@ class InProcess:
 
     def run(self, task: MeasureTask) -> MeasureResult:
         return measure(task)
+
+    def run_batch(self, tasks: list[MeasureTask]) -> list[MeasureResult]:
+        return measure_batch(tasks)
 
 
 class WorkerProcess:
@@ -183,6 +203,19 @@ class WorkerProcess:
             return _read(self._from_worker, time.monotonic() + self.timeout_s)
         except _WorkerLost as lost:
             return MeasureResult(Cost.invalid(self._lost(lost)))
+
+    def run_batch(self, tasks: list[MeasureTask]) -> list[MeasureResult]:
+        """The tasks measured together in the worker; if it dies or overruns on them, each
+        again on its own, so that only the candidate at fault is lost."""
+        try:
+            self._start()
+            self._output.seek(0)
+            self._output.truncate()
+            _write(self._to_worker, list(tasks))
+            return _read(self._from_worker, time.monotonic() + self.timeout_s)
+        except _WorkerLost as lost:
+            self._lost(lost)
+            return [self.run(task) for task in tasks]
 
     def close(self) -> None:
         if self._proc is None:
@@ -303,12 +336,13 @@ def serve(task_fd: int, result_fd: int, threads: int) -> None:
     _write(results, "ready")
     while True:
         try:
-            task = _read(tasks)
+            work = _read(tasks)  # a task, or a list of them (``run_batch``)
         except _WorkerLost:  # the parent closed the pipe or exited
             return
         try:
-            result = measure(task)
+            result = measure_batch(work) if isinstance(work, list) else measure(work)
         except BaseException as err:  # noqa: BLE001 -- anything measure did not expect
-            result = MeasureResult(Cost.invalid(f"measuring failed: {type(err).__name__}: {first_line(err)}"))
+            failed = MeasureResult(Cost.invalid(f"measuring failed: {type(err).__name__}: {first_line(err)}"))
+            result = [failed] * len(work) if isinstance(work, list) else failed
         _write(results, result)
 

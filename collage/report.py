@@ -49,6 +49,13 @@ def dominant_tvm_ops(partitions) -> list[str]:
     ]
 
 
+def _skipped_text(skipped: dict[str, int]) -> str:
+    """The candidates the search bound left unmeasured (``measure.SearchBound``), by rule."""
+    if not skipped:
+        return ""
+    return f"{sum(skipped.values())} not measured ({'; '.join(f'{n}: {rule}' for rule, n in skipped.items())}), "
+
+
 def graph_level_text(g: dict, alternatives: dict) -> str:
     """The graph-level search in a few lines, with the op-level and refined latencies side by side."""
     if "skipped" in g:
@@ -172,7 +179,8 @@ def format_report(opt) -> str:
     if s:
         lines.append(
             f"optimization: {s.get('candidates', 0)} candidates ({s.get('distinct', 0)} distinct), "
-            f"{s.get('measured', 0)} measured now, the rest from the cost log; {s.get('total_s', 0):.1f} s in all "
+            f"{s.get('measured', 0)} measured now, {_skipped_text(s.get('skipped', {}))}the rest from the cost log; "
+            f"{s.get('total_s', 0):.1f} s in all "
             f"(measuring {s.get('measure_s', 0):.1f} s, placing {s.get('place_s', 0):.1f} s, "
             f"assembling and checking {s.get('assemble_s', 0):.1f} s)"
             + ("" if s.get("exact", True) else "; placement searched at the lowest frontier node only (state cap)")

@@ -89,9 +89,26 @@ def _hangs_when_run(func, pattern, target):
     return kernel
 
 
-def variant(name: str, compile) -> Backend:
+def variant(name: str, compile, compile_many=None) -> Backend:
     rule = PatternRule(f"{name}.chain", _one_elementwise_op, _chain, max_size=3)
-    return dataclasses.replace(NUMPY, name=name, compile=compile, rules=(rule,))
+    return dataclasses.replace(NUMPY, name=name, compile=compile, compile_many=compile_many, rules=(rule,))
+
+
+BATCHES: list[int] = []  # the size of each batch ``compile_elementwise_together`` was given
+
+
+def compile_elementwise_together(funcs, patterns, target):
+    BATCHES.append(len(funcs))
+    return [compile_elementwise(f, p, target) for f, p in zip(funcs, patterns)]
+
+
+def _batch_rejected(funcs, patterns, target):
+    """A library that rejects a batch as soon as one of its sub-graphs is bad."""
+    raise RuntimeError("one sub-graph of the batch does not compile")
+
+
+def _batch_aborts(funcs, patterns, target):
+    os.abort()
 
 
 CANNOT_COMPILE = variant("cannot_compile", _cannot_compile)
@@ -99,6 +116,10 @@ RAISES_WHEN_RUN = variant("raises_when_run", _raises_when_run)
 WRONG = variant("wrong", _wrong)
 ABORTS = variant("aborts", _aborts_when_compiling)
 HANGS = variant("hangs", _hangs_when_run)
+# Each compiles several sub-graphs at once (``Backend.compile_many``), and each alone as NumPy.
+TOGETHER = variant("together", compile_elementwise, compile_elementwise_together)
+BATCH_REJECTED = variant("batch_rejected", compile_elementwise, _batch_rejected)
+BATCH_ABORTS = variant("batch_aborts", compile_elementwise, _batch_aborts)
 
 
 def _priced_cheaply(kernel):

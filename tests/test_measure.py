@@ -10,10 +10,13 @@ from collage.candidates import generate
 from collage.cost import Cost
 from collage.cost_log import CostLog
 from collage.graph import DataflowGraph
+from collage.isolation import InProcess, WorkerProcess
 from collage.measure import Measurer
 from collage.timing import Protocol, Timing, time_call, time_contenders
 from collage.transition import measure_transition
-from tests.backends_for_tests import CANNOT_COMPILE, NUMPY, RAISES_WHEN_RUN, WRONG
+from tests import backends_for_tests
+from tests.backends_for_tests import (BATCH_ABORTS, BATCH_REJECTED, CANNOT_COMPILE, NUMPY, RAISES_WHEN_RUN,
+                                       TOGETHER, WRONG)
 
 FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.2, budget_s=0.2)
 
@@ -92,6 +95,54 @@ def test_a_second_run_measures_nothing(tmp_path):
     assert again.measured == 0
     assert [again.cost(c) for c in candidates] == [first.cost(c) for c in candidates]
     assert again.measured == 0
+
+
+def test_a_library_that_compiles_several_at_once_gets_its_candidates_in_batches(tmp_path, monkeypatch):
+    from collage import measure
+
+    monkeypatch.setattr(measure, "BATCH", 4)
+    backends_for_tests.BATCHES.clear()
+    graph = DataflowGraph.from_module(Unary)
+    m = measurer(tmp_path, TOGETHER, runner=InProcess())
+    candidates = generate(graph, m.backends)
+    m.measure_all(candidates, progress=False)
+    together = [c for c in candidates if c.backend == "together"]
+    assert backends_for_tests.BATCHES == [4, len(together) - 4]  # three ops: six chains, in 4 + 2
+    assert all(m.cost(c).is_valid for c in candidates) and m.measured == len(candidates)
+    # TVM compiles its own candidates in one module; a kernel from it is the same kernel.
+    whole = next(c for c in candidates if c.backend == "tvm" and len(c.subgraph) == 3)
+    assert 1 / 3 < m.cost(whole).median_ms / m.measure(whole).median_ms < 3
+
+
+def test_a_batch_that_does_not_compile_or_kills_its_worker_is_measured_one_by_one(tmp_path):
+    graph = DataflowGraph.from_module(Unary)
+    runner = WorkerProcess(threads=2, timeout_s=30)
+    try:
+        m = measurer(tmp_path, BATCH_REJECTED, BATCH_ABORTS, runner=runner)
+        candidates = generate(graph, m.backends)
+        m.measure_all(candidates, progress=False)
+    finally:
+        runner.close()
+    # Each compiled alone by NumPy: every cost is a real one, nothing is lost to the batch.
+    assert all(m.cost(c).is_valid for c in candidates)
+    assert runner.started == 2  # the worker that aborted on the batch, and a fresh one
+
+
+def test_candidates_no_winning_placement_would_use_are_not_measured_nor_logged(tmp_path, monkeypatch):
+    # Entering NumPy priced at 1 ms: TVM runs every sub-graph NumPy has a candidate for in
+    # microseconds, so none is worth measuring (measure.SearchBound) but the whole model's,
+    # a finalist of its own.
+    from collage.measure import TVM_CHEAPER, WHOLE_MODEL_FASTER
+
+    monkeypatch.setattr(Measurer, "transition_ms", lambda self, backend: 1.0 if backend == "numpy" else 0.0)
+    graph = DataflowGraph.from_module(Unary)
+    m = measurer(tmp_path, NUMPY, runner=InProcess())
+    candidates = generate(graph, m.backends)
+    m.measure_all(candidates, progress=False)
+    numpy = [c for c in candidates if c.backend == "numpy" and len(c.subgraph) < 3]
+    assert len(m.skipped) == len(numpy) == 5 and set(m.skipped.values()) <= {TVM_CHEAPER, WHOLE_MODEL_FASTER}
+    assert all(m.cost(c).reason.startswith("not measured: TVM runs these ops in ") for c in numpy)
+    assert len(m.log.rows("numpy")) == 1 and m.measured == len(candidates) - len(numpy)
 
 
 def test_log_rows_carry_device_threads_and_library(tmp_path):

@@ -10,6 +10,7 @@ from tvm.script import relax as R
 from collage.candidates import Candidate
 from collage.cost import Cost
 from collage.graph import DataflowGraph
+from collage.measure import SearchBound
 from collage.placement import PlacementError, place
 from collage.subgraph import SubGraph
 
@@ -222,3 +223,40 @@ def test_dp_matches_brute_force(module, seed):
     assert p.estimated_ms == pytest.approx(brute_force(g, candidates, prices, transition))
     assert sorted(i for part in p for i in part.nodes) == list(range(len(g)))
     assert _runs([part.candidate for part in p.partitions])
+
+
+class _PricesAndTransitions(PriceList):
+    def __init__(self, prices, transition):
+        super().__init__(prices)
+        self.transition_ms = transition
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("module", [Chain, Diamond, Crossed, Wide], ids=["chain", "diamond", "crossed", "wide"])
+def test_candidates_the_search_bound_skips_never_make_a_winning_placement(module, seed):
+    # Whatever the skipped candidates would have cost, the DP's answer over the rest is as
+    # cheap, wherever it beats the best whole-model candidate (measure.SearchBound).
+    g = DataflowGraph.from_module(module)
+    rng = random.Random(seed)
+    connected = [
+        nodes
+        for size in (2, 3)
+        for nodes in itertools.combinations(range(len(g)), size)
+        if SubGraph(g, frozenset(nodes)).is_connected() and SubGraph(g, frozenset(nodes)).is_convex()
+    ]
+    table = {("tvm", (i,)): rng.uniform(0.05, 1.0) for i in range(len(g))}
+    table[("tvm", (0,))] = 0.01  # less than entering any backend but TVM: their node-0 candidates are skipped
+    table |= {("tvm", nodes): rng.uniform(0.05, 1.0) for nodes in rng.sample(connected, min(len(connected), 3))}
+    for backend in ("lib", "engine"):
+        table |= {(backend, (i,)): rng.uniform(0.0, 1.0) for i in range(len(g))}
+        table |= {(backend, nodes): rng.uniform(0.0, 1.0) for nodes in rng.sample(connected, min(len(connected), 4))}
+    table[("engine", tuple(range(len(g))))] = rng.uniform(0.5, 3.0)
+    candidates, prices = priced(g, table)
+    transition = {"tvm": 0.0, "lib": rng.uniform(0.4, 0.6), "engine": rng.uniform(0.0, 0.6)}.get
+    bound = SearchBound.of(candidates, _PricesAndTransitions(prices.prices, transition))
+    kept = [c for c in candidates if bound.skip(c) is None]
+    best_whole = table[("engine", tuple(range(len(g))))]
+    assert bound.whole_ms == pytest.approx(best_whole)
+    every = place(g, candidates, prices, transition).estimated_ms
+    assert min(place(g, kept, prices, transition).estimated_ms, best_whole) == pytest.approx(min(every, best_whole))
+    assert len(kept) < len(candidates)  # and it does skip
