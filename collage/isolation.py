@@ -85,9 +85,9 @@ def weights_in(lifted: relax.Function, arrays: list[np.ndarray]) -> relax.Functi
 @dataclass(frozen=True)
 class MeasureTask:
     """One candidate to measure: ``func`` (the extracted sub-graph, sent as TVM's JSON with its
-    weights as arrays beside it) on ``backend`` by ``pattern``, on inputs drawn with ``seed``,
-    checked against ``reference`` (TVM's outputs for the same sub-graph; None when not known
-    yet: the task computes it)."""
+    weights as arrays beside it) on ``backend`` by ``pattern``, on ``inputs`` (None: drawn
+    with ``seed``), checked against ``reference`` (TVM's outputs for the same sub-graph and
+    inputs; None when not known yet: the task computes it)."""
 
     backend: Backend
     func: relax.Function
@@ -97,15 +97,16 @@ class MeasureTask:
     timing: Timing
     reference: list[np.ndarray] | None = None
     meter: EnergyMeter | None = None  # also measure each call's energy (collage.meters)
+    inputs: list[np.ndarray] | None = None
 
     def __reduce__(self):
         # The function as TVM's JSON, its weights as arrays beside it.
         return _task, (self.backend, *weights_out(self.func), self.pattern, self.target, self.seed, self.timing,
-                       self.reference, self.meter)  # fmt: skip
+                       self.reference, self.meter, self.inputs)  # fmt: skip
 
 
-def _task(backend, lifted, weights, pattern, target, seed, timing, reference, meter) -> MeasureTask:
-    return MeasureTask(backend, weights_in(lifted, weights), pattern, target, seed, timing, reference, meter)
+def _task(backend, lifted, weights, pattern, target, seed, timing, reference, meter, inputs) -> MeasureTask:
+    return MeasureTask(backend, weights_in(lifted, weights), pattern, target, seed, timing, reference, meter, inputs)
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
     process calls it; never raises."""
     backend, func = task.backend, task.func
     try:
-        arrays = random_inputs(func, task.seed)
+        arrays = random_inputs(func, task.seed) if task.inputs is None else task.inputs
     except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
         return MeasureResult(Cost.invalid(str(err)))
     if kernel is None:

@@ -31,6 +31,7 @@ from .candidates import Candidate
 from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
 from .isolation import MeasureResult, MeasureRunner, MeasureTask, shared_worker
+from .runner import intermediate_values
 from .meters import EnergyMeter
 from .timing import Timing
 from .transition import measure_transition
@@ -93,6 +94,8 @@ class Measurer:
         # (not by node indices: the substitution search measures the candidates of many graphs).
         self._references: dict[int, list[np.ndarray]] = {}
         self._transitions: dict[str, float] = {}
+        # While measure_all runs: its graph and every value it computes (runner.intermediate_values).
+        self._values: tuple[object, dict] = (None, {})
 
     # -- CostSource --
 
@@ -150,11 +153,28 @@ class Measurer:
 
         The reference backend's candidates go first, then each whole-model candidate (an
         engine alone), then the rest. Candidates of a backend that compiles several at once
-        (``Backend.compile_many``) go in batches of ``BATCH``."""
-        from tqdm import tqdm
-
+        (``Backend.compile_many``) go in batches of ``BATCH``. Candidates of one graph run on
+        the values its unoptimized run computes (``runner.intermediate_values``), which are
+        also their reference outputs."""
         candidates = list(candidates)
         todo = self.missing(candidates)
+        graphs = {id(c.subgraph.graph): c.subgraph.graph for c in todo}
+        if len(graphs) == 1:
+            graph = next(iter(graphs.values()))
+            try:
+                values = intermediate_values(graph, self.seed)
+            except Exception:  # noqa: BLE001 -- TVM cannot run the whole graph: each candidate draws its own
+                values = None
+            if values is not None:
+                self._values = (graph, values)
+        try:
+            self._measure_all(candidates, todo, progress)
+        finally:
+            self._values = (None, {})
+
+    def _measure_all(self, candidates: list[Candidate], todo: list[Candidate], progress: bool) -> None:
+        from tqdm import tqdm
+
         batched: dict[str, list[Candidate]] = {}
         for c in sorted(todo, key=lambda c: c.backend != REFERENCE_BACKEND):
             if self.backends[c.backend].compile_many is not None:
@@ -221,8 +241,15 @@ class Measurer:
             func = candidate.subgraph.extract()
         except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
             return Cost.invalid(str(err))
-        return MeasureTask(backend, func, candidate.pattern, self.target, self.seed, self.timing,
-                           self._references.get(tvm_ffi.structural_hash(func)), self.meter)
+        graph, values = self._values
+        if candidate.subgraph.graph is not graph:
+            return MeasureTask(backend, func, candidate.pattern, self.target, self.seed, self.timing,
+                               self._references.get(tvm_ffi.structural_hash(func)), self.meter)
+        # Read off the whole graph's values; TVM's own kernels are the reference, unchecked.
+        inputs = [values[value] for value in candidate.subgraph.arguments()]
+        reference = None if backend.name == REFERENCE_BACKEND else [values[graph[i].var] for i in candidate.subgraph.outputs]
+        return MeasureTask(backend, func, candidate.pattern, self.target, self.seed, self.timing, reference,
+                           self.meter, inputs)  # fmt: skip
 
     def _result(self, task: MeasureTask, result: MeasureResult) -> Cost:
         """The cost in ``result``, keeping the reference outputs it brings for later tasks."""

@@ -125,6 +125,34 @@ def run_reference(func: relax.Function, arrays: list[np.ndarray]) -> list[np.nda
     return numpy_outputs(vm["main"](*to_tensors(arrays)))
 
 
+# Above this, a model's intermediate values are not all kept (``intermediate_values``).
+MAX_VALUES_BYTES = 2 << 30
+
+
+def intermediate_values(graph, seed: int = 0) -> dict[relax.Expr, np.ndarray] | None:
+    """Every tensor ``graph`` computes on its seeded inputs, by node var, and those inputs
+    by parameter: one unoptimized TVM run of the whole graph. A sub-graph's inputs and
+    reference outputs are read off it, instead of compiling a reference per sub-graph (a
+    large one takes a second). None where they would not fit in ``MAX_VALUES_BYTES`` or a
+    shape is not static."""
+    from .subgraph import SubGraph
+
+    tensors = tuple(node.index for node in graph if isinstance(node.ty, relax.TensorType))
+    try:
+        if not tensors or sum(_bytes(graph[i].ty) for i in tensors) > MAX_VALUES_BYTES:
+            return None
+        arrays = dict(zip(graph.func.params, random_inputs(graph.func, seed)))
+    except ValueError:  # a symbolic shape
+        return None
+    whole = SubGraph(graph, frozenset(range(len(graph))))
+    values = run_reference(whole.extract(outputs=tensors), [arrays[p] for p in whole.arguments()])
+    return {**arrays, **{graph[i].var: value for i, value in zip(tensors, values)}}
+
+
+def _bytes(ty: relax.TensorType) -> int:
+    return int(np.prod(static_shape(ty), dtype=np.int64)) * np.dtype(str(ty.dtype)).itemsize
+
+
 def input_tensors(signature, arrays, device) -> list:
     """``arrays`` (numpy arrays or anything ``np.asarray`` takes) as tensors on ``device``,
     each checked against ``signature``: (name, shape, dtype) of every input, in order. A

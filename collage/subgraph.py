@@ -120,8 +120,9 @@ class SubGraph:
             if not isinstance(value, Constant) or (lift_constants and is_tensor_constant(value))
         ]
 
-    def extract(self, lift_constants: bool = False) -> relax.Function:
-        """The sub-graph as a standalone Relax function ``main(inputs...) -> outputs``.
+    def extract(self, lift_constants: bool = False, outputs: tuple[int, ...] | None = None) -> relax.Function:
+        """The sub-graph as a standalone Relax function ``main(inputs...) -> outputs``
+        (``self.outputs`` unless other member nodes are named).
 
         With ``lift_constants``, tensor constants (weights) become parameters too; scalar
         constants stay, since their values change what is computed (``x ** 2`` vs ``x ** 3``).
@@ -133,7 +134,7 @@ class SubGraph:
             with bb.dataflow():
                 for i in sorted(self.nodes):
                     remap.mapping[self.graph[i].var] = bb.emit(remap.visit_expr(self.graph[i].value))
-                outs = [remap.mapping[self.graph[i].var] for i in self.outputs]
+                outs = [remap.mapping[self.graph[i].var] for i in (self.outputs if outputs is None else outputs)]
                 out = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
             bb.emit_func_output(out)
         func = bb.get()["main"]

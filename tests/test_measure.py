@@ -145,6 +145,47 @@ def test_candidates_no_winning_placement_would_use_are_not_measured_nor_logged(t
     assert len(m.log.rows("numpy")) == 1 and m.measured == len(candidates) - len(numpy)
 
 
+class Recording(InProcess):
+    """Measures in this process, keeping every task it was given."""
+
+    def __init__(self):
+        self.tasks = []
+
+    def run(self, task):
+        self.tasks.append(task)
+        return super().run(task)
+
+    def run_batch(self, tasks):
+        self.tasks += tasks
+        return super().run_batch(tasks)
+
+
+def test_candidates_run_on_the_values_the_model_computes_with_no_reference_compiled_each(tmp_path, monkeypatch):
+    import numpy as np
+    import tvm_ffi
+
+    from collage import isolation
+    from collage.runner import random_inputs
+
+    def no_reference(*args):
+        raise AssertionError("a sub-graph's reference was compiled on its own")
+
+    monkeypatch.setattr(isolation, "run_reference", no_reference)
+    graph = DataflowGraph.from_module(Unary)
+    recording = Recording()
+    m = measurer(tmp_path, NUMPY, WRONG, runner=recording)
+    candidates = generate(graph, m.backends)
+    m.measure_all(candidates, progress=False)
+    (x,) = random_inputs(graph.func, m.seed)
+    relu = next(c for c in candidates if c.backend == "numpy" and c.subgraph.nodes == {1}).subgraph.extract()
+    relu = next(t for t in recording.tasks if t.backend == NUMPY and tvm_ffi.structural_equal(t.func, relu, map_free_vars=True))
+    np.testing.assert_allclose(relu.inputs[0], np.exp(x), rtol=1e-6)  # exp's output, as in the model
+    np.testing.assert_allclose(relu.reference[0], np.exp(x), rtol=1e-6)  # relu of positive values
+    assert all(t.reference is None for t in recording.tasks if t.backend.name == "tvm")  # TVM is the reference
+    assert all(m.cost(c).is_valid for c in candidates if c.backend != "wrong")
+    assert all(m.cost(c).reason.startswith("wrong result") for c in candidates if c.backend == "wrong")
+
+
 def test_log_rows_carry_device_threads_and_library(tmp_path):
     graph = DataflowGraph.from_module(Unary)
     m = measurer(tmp_path, NUMPY)
