@@ -119,10 +119,14 @@ def to_tensors(arrays, device=None) -> list[tvm.runtime.Tensor]:
 REFERENCE_TARGET = {"kind": "llvm", "opt-level": 0}
 
 
+def reference_vm(mod: tvm.IRModule) -> relax.VirtualMachine:
+    """``mod`` compiled by TVM's default CPU pipeline, unoptimized by LLVM (``REFERENCE_TARGET``)."""
+    return relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(REFERENCE_TARGET)), tvm.cpu())
+
+
 def run_reference(func: relax.Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """``func`` compiled by TVM's default CPU pipeline, unoptimized by LLVM, as numpy outputs."""
-    vm = relax.VirtualMachine(tvm.compile(as_module(func), target=tvm.target.Target(REFERENCE_TARGET)), tvm.cpu())
-    return numpy_outputs(vm["main"](*to_tensors(arrays)))
+    """``func``'s outputs on ``arrays`` from its ``reference_vm``, as numpy arrays."""
+    return numpy_outputs(reference_vm(as_module(func))["main"](*to_tensors(arrays)))
 
 
 # Above this, a model's intermediate values are not all kept (``intermediate_values``).
