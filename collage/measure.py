@@ -1,8 +1,11 @@
 """The measurer: what each candidate costs on this machine, measured once and logged.
 
 A candidate is extracted as a standalone function (its own weights inside), compiled alone on
-its backend, run once on seeded random inputs and compared with TVM's result for the same
-function, then timed: warm-up, then samples until their spread is small or a cap is hit. That
+its backend (TVM's, several to a module), run once on the values it reads in the model (one
+unoptimized TVM run of the whole graph on seeded inputs computes them all) and compared with
+the values that run computed for its outputs, then timed: warm-up, then samples until their
+spread is small or a cap is hit. Candidates no winning placement would use are not measured
+(``SearchBound``). That
 happens on a runner (``isolation``): by default a worker process, so a library that crashes or
 hangs costs one candidate. Anything that goes wrong (the library rejects the sub-graph,
 compiling or running raises, the values disagree, the worker dies or overruns) becomes
