@@ -461,6 +461,21 @@ def test_transposed_constant_matmul_operand_is_pre_transposed():
     assert report.applied("FoldConstant") == 1
 
 
+def test_a_constant_matmul_operand_with_unit_leading_axes_becomes_its_matrix():
+    # The form exporters write and ONNX Runtime pre-packs (LeViT's stage linears); where the
+    # unit axis adds an axis to the product, it stays.
+    stacked = _random(1, 16, 8)
+
+    def weights(mod):
+        return [tuple(b.value.args[1].ty.shape) for b in mod["main"].body.blocks[0].bindings
+                if getattr(b.value.op, "name", "") == "relax.matmul"]  # fmt: skip
+
+    after, report = _simplify(_module((1, 4, 16), lambda bb, x: relax.op.matmul(x, relax.const(stacked))))
+    assert report.applied("matrix_weight") == 1 and [tuple(map(int, s)) for s in weights(after)] == [(16, 8)]
+    kept, report = _simplify(_module((4, 16), lambda bb, x: relax.op.matmul(x, relax.const(stacked))))
+    assert report.applied("matrix_weight") == 0 and [tuple(map(int, s)) for s in weights(kept)] == [(1, 16, 8)]
+
+
 # --------------------------------------------------------------------------- constants and clean-up
 
 

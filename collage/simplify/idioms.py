@@ -12,6 +12,8 @@
 - ``linear_on_all_axes`` and ``matmul_on_all_axes``: PyTorch's importer flattens a linear
   layer's input to 2-D and an attention's batched matmul to 3-D, and reshapes back after;
   torch's ONNX exporter writes one matmul on all axes, the form the engines' fusions match.
+- ``matrix_weight``: a constant matmul operand with unit leading axes as the matrix it is,
+  the form exporters write and engines pre-pack.
 - ``wrap_negative_take_indices``: constant negative indices counted from the end, as torch
   and ONNX count them and TVM's fast ``take`` does not.
 """
@@ -232,6 +234,27 @@ def _matmul_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
 # OpenVINO from fusing the attention (it matches 4-D matmuls only; Llama kept 4 MatMul and 2
 # Softmax layers).
 MATMUL_ON_ALL_AXES = PatternRewrite("matmul_on_all_axes", _batched_back, _matmul_on_all_axes)
+
+
+_activations, _stacked_weight = wildcard(), is_const()
+_product_of_constant = is_op("relax.matmul")(_activations, _stacked_weight)
+
+
+def _matrix_weight(matches: Matches, single_use: set) -> relax.Expr | None:
+    x_shape, w_shape = _shape(matches[_activations]), _shape(matches[_stacked_weight])
+    if None in (x_shape, w_shape) or len(w_shape) <= 2 or any(d != 1 for d in w_shape[:-2]):
+        return None
+    if len(x_shape) < len(w_shape):
+        return None  # the weight's unit axes add axes to the product: they are needed
+    matrix = matches[_stacked_weight].value.numpy().reshape(w_shape[-2:])
+    return relax.op.matmul(matches[_activations], relax.const(matrix))
+
+
+# A constant right operand with unit leading axes (LeViT's stage linears import as (1, 128,
+# 640)) computes what its matrix computes when the left operand has as many axes; torch's
+# ONNX exporter writes the matrix, and ONNX Runtime pre-packs only a 2-D constant (the 3-D
+# one ran 83 us against 57 in LeViT's stem, one of three such).
+MATRIX_WEIGHT = PatternRewrite("matrix_weight", _product_of_constant, _matrix_weight)
 
 
 _taken, _indices = wildcard(), is_const()
