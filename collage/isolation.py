@@ -197,11 +197,7 @@ class WorkerProcess:
 
     def run(self, task: MeasureTask) -> MeasureResult:
         try:
-            self._start()
-            self._output.seek(0)  # keep only what the worker writes while on this task
-            self._output.truncate()
-            _write(self._to_worker, task)
-            return _read(self._from_worker, time.monotonic() + self.timeout_s)
+            return self._exchange(task)
         except _WorkerLost as lost:
             return MeasureResult(Cost.invalid(self._lost(lost)))
 
@@ -209,14 +205,19 @@ class WorkerProcess:
         """The tasks measured together in the worker; if it dies or overruns on them, each
         again on its own, so that only the candidate at fault is lost."""
         try:
-            self._start()
-            self._output.seek(0)
-            self._output.truncate()
-            _write(self._to_worker, list(tasks))
-            return _read(self._from_worker, time.monotonic() + self.timeout_s)
+            return self._exchange(list(tasks))
         except _WorkerLost as lost:
             self._lost(lost)
             return [self.run(task) for task in tasks]
+
+    def _exchange(self, work):
+        """``work`` (a task or a list of them) sent to the worker, and its answer; raises
+        _WorkerLost when the worker dies or overruns ``timeout_s``."""
+        self._start()
+        self._output.seek(0)  # keep only what the worker writes while on this work
+        self._output.truncate()
+        _write(self._to_worker, work)
+        return _read(self._from_worker, time.monotonic() + self.timeout_s)
 
     def close(self) -> None:
         if self._proc is None:
