@@ -21,7 +21,7 @@ def probe(target: str) -> str | None:
     return None if torch.cuda.is_available() else "PyTorch has no CUDA device (CPU build or no GPU)"
 
 
-def compile(func, pattern: str, target: str):
+def compile(func, pattern: str, target: str, threads: int):
     return matmul_kernel(func, kernels.compile_match(func, PATTERNS, pattern), device="cuda")
 
 

@@ -26,7 +26,7 @@ def probe(target: str) -> str | None:
     return None
 
 
-def compile(func, pattern: str, target: str):
+def compile(func, pattern: str, target: str, threads: int):
     import torch
 
     match = kernels.compile_match(func, PATTERNS, pattern)

@@ -53,7 +53,8 @@ PATTERNS = {
 }  # fmt: skip
 
 
-def compile(func, pattern: str, target: str):
+def compile(func, pattern: str, target: str, threads: int):
+    kernels.use_torch_threads(threads)
     match = kernels.compile_match(func, PATTERNS, pattern)
     if "conv" in match.captures:
         return conv_kernel(func, match)

@@ -22,7 +22,8 @@ def probe(target: str) -> str | None:
     return None if torch.backends.mkl.is_available() else "this PyTorch build has no MKL"
 
 
-def compile(func, pattern: str, target: str):
+def compile(func, pattern: str, target: str, threads: int):
+    kernels.use_torch_threads(threads)
     return matmul_kernel(func, kernels.compile_match(func, PATTERNS, pattern), device="cpu")
 
 

@@ -7,13 +7,11 @@ ONNX Runtime reads the inputs and writes the outputs in place: no copy either wa
 Settings: those of its users (all graph optimizations, one inter-op thread), except that a
 kernel among other libraries' kernels stops its threads spinning after each run; the
 engine alone (``alone``: the whole model, or all but trivial ops) keeps them spinning.
-Threads: ``COLLAGE_NUM_THREADS``, read when a candidate is compiled, sets the session's
-intra-op threads; unset or 0 leaves ONNX Runtime's default (one per physical core).
+Threads: ``compile``'s ``threads`` sets the session's intra-op threads (0 leaves ONNX
+Runtime's default, one per physical core).
 onnxruntime is imported only to compile, so this file loads where it is not installed and
 the backend is excluded with that reason (``Backend.unavailable_reason``).
 """
-
-import os
 
 import onnx
 from collage.patterns.fusion import anchor_then_elementwise
@@ -25,13 +23,13 @@ from collage.onnx_convert import convertible, to_onnx
 from collage.pattern import PatternRule
 
 
-def _session(model_bytes: bytes, alone: bool):
+def _session(model_bytes: bytes, threads: int, alone: bool):
     import onnxruntime as ort
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = int(os.environ.get("COLLAGE_NUM_THREADS", "0"))
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     if not alone:
         # Among other libraries' kernels, its threads stop spinning when a run ends: spinning
@@ -55,8 +53,8 @@ def _slots(values) -> list[tuple[str, object]]:
     return [(v.name, helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)) for v in values]
 
 
-def compile_onnx(model: onnx.ModelProto, target: str, alone: bool = False):
-    session = _session(model.SerializeToString(), alone)
+def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool = False):
+    session = _session(model.SerializeToString(), threads, alone)
     initializers = {t.name for t in model.graph.initializer}
     slots = [(True, *slot) for slot in _slots(v for v in model.graph.input if v.name not in initializers)]
     slots += [(False, *slot) for slot in _slots(model.graph.output)]
@@ -78,8 +76,8 @@ def _bind(session, slots, tensors):
     return binding
 
 
-def compile(func: relax.Function, pattern: str, target: str):
-    return compile_onnx(to_onnx(func), target)
+def compile(func: relax.Function, pattern: str, target: str, threads: int):
+    return compile_onnx(to_onnx(func), target, threads)
 
 
 BACKEND = Backend(

@@ -7,13 +7,12 @@ outputs in place: no copy either way.
 
 Precision: the CPU plugin picks bf16 on CPUs that have it, which misses TVM's f32 results by
 far more than the tolerance, so ``BACKEND`` forces f32; ``with_precision("bf16")`` gives a
-record for another precision, to put in a BackendSet instead. Threads: ``COLLAGE_NUM_THREADS``, read when a candidate
-is compiled; unset or 0 leaves OpenVINO's default. openvino is imported only to compile.
+record for another precision, to put in a BackendSet instead. Threads: ``compile``'s
+``threads`` (0 leaves OpenVINO's default). openvino is imported only to compile.
 """
 
 import dataclasses
 import functools
-import os
 
 import numpy as np
 import onnx
@@ -25,21 +24,20 @@ from collage.onnx_convert import convertible, to_onnx
 from collage.pattern import PatternRule
 
 
-def _config(precision: str) -> dict:
+def _config(precision: str, threads: int) -> dict:
     config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
-    threads = int(os.environ.get("COLLAGE_NUM_THREADS", "0"))
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
     return config
 
 
-def compile_onnx(model: onnx.ModelProto, target: str, alone: bool = False, precision: str = "f32"):
+def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool = False, precision: str = "f32"):
     import openvino as ov
 
     core = ov.Core()
     # Alone or among other libraries' kernels alike: the CPU plugin's threads sleep between
     # runs, as its users run it (PERFORMANCE_HINT LATENCY).
-    compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU", _config(precision))
+    compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU", _config(precision, threads))
     initializers = {t.name for t in model.graph.initializer}
     values = [v for v in model.graph.input if v.name not in initializers] + list(model.graph.output)
     # OpenVINO drops inputs whose values are never read (zeros_like reads only the shape).
@@ -62,8 +60,8 @@ def compile_onnx(model: onnx.ModelProto, target: str, alone: bool = False, preci
     return kernel
 
 
-def compile(func: relax.Function, pattern: str, target: str, precision: str = "f32"):
-    return compile_onnx(to_onnx(func), target, precision=precision)
+def compile(func: relax.Function, pattern: str, target: str, threads: int, precision: str = "f32"):
+    return compile_onnx(to_onnx(func), target, threads, precision=precision)
 
 
 BACKEND = Backend(

@@ -76,7 +76,7 @@ class _EngineKernel:
         self.device.sync(self.stream)
 
 
-def compile(func: relax.Function, pattern: str, target: str):
+def compile(func: relax.Function, pattern: str, target: str, threads: int):
     model = to_onnx(func)
     engine = _engine(model.SerializeToString())
     return _EngineKernel(engine, [v.name for v in (*model.graph.input, *model.graph.output)])

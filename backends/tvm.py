@@ -48,12 +48,13 @@ class Kernel:
         return sample_until_stable(lambda: evaluator(*inputs).mean * 1e3, timing, meter, calls_per_sample=number)
 
 
-def compile(func: relax.Function, pattern: str, target: str) -> Kernel:
+def compile(func: relax.Function, pattern: str, target: str, threads: int) -> Kernel:
+    # TVM's thread pool is the process's, sized once when it starts (``collage.threads``).
     device = device_for(target)
     return Kernel(func, relax.VirtualMachine(tvm.compile(as_module(func), target=target), device), device)
 
 
-def compile_many(funcs: list[relax.Function], patterns: list[str], target: str) -> list[Kernel]:
+def compile_many(funcs: list[relax.Function], patterns: list[str], target: str, threads: int) -> list[Kernel]:
     """The kernels of ``funcs``, from one module (``candidate_<k>``) compiled once: LLVM is
     set up per module, and for small sub-graphs that is most of the work (LeViT's
     candidates: 54 ms each alone, 7.5 ms each sixty at a time). A sub-graph that calls
@@ -64,7 +65,7 @@ def compile_many(funcs: list[relax.Function], patterns: list[str], target: str) 
                         for k, func in enumerate(funcs) if k not in alone})  # fmt: skip
     device = device_for(target)
     vm = relax.VirtualMachine(tvm.compile(mod, target=target), device) if len(mod.functions) else None
-    return [compile(func, pattern, target) if k in alone else Kernel(func, vm, device, f"candidate_{k}")
+    return [compile(func, pattern, target, threads) if k in alone else Kernel(func, vm, device, f"candidate_{k}")
             for k, (func, pattern) in enumerate(zip(funcs, patterns))]  # fmt: skip
 
 

@@ -1,7 +1,8 @@
 """collage-tvm: automated multi-backend placement for Apache TVM Relax."""
 
 from collage.api import optimize  # noqa: F401
-from collage.optimized import OptimizedModule, OptimizeError  # noqa: F401
+from collage.errors import OptimizeError  # noqa: F401
+from collage.optimized import OptimizedModule  # noqa: F401
 from collage.backend import GRAPH_LEVEL, OP_LEVEL, Backend, list_backends, register_backend  # noqa: F401
 from collage.cost_log import CostLog  # noqa: F401
 from collage.exported import ExportError, ExportedModule, load  # noqa: F401

@@ -30,21 +30,24 @@ from .engine_alone import EngineAloneFailed, blockers, blockers_text, from_onnx_
 from .finalists import Finalist, choose, time_finalists
 from .frontend import ModelImportError, import_model
 from .isolation import MeasureRunner
-from .measure import Measurer, default_threads, pin_threads
+from .measure import Measurer
 from .meters import EnergyMeter, NoEnergyMeter, energy_meter
-from .optimized import OptimizedModule, OptimizeError
+from .errors import OptimizeError
+from .optimized import OptimizedModule
 from .placement import Partition, Placement, PlacementError, place
 from .prepare import backend_set as make_backend_set
-from .prepare import Unplaceable, bound_main, check_target, dataflow_graph, reference_outputs
+from .prepare import Unplaceable, bound_main, dataflow_graph, reference_outputs
 from .refine import refine
 from .report import dominant_tvm_ops
 from .runner import build_vm, device_for, first_line, random_inputs, to_tensors
 from .saved import model_hash
+from .threads import pin_threads
 from .simplify import simplify as simplify_module
 from .substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .substitute import SearchResult
 from .substitute import search_in_pieces as search_substitutions
-from .substitute.objective import Objective
+from .objective import Objective
+from .config import Config
 from .substitute.placement_cost import PlacementCost
 from .timing import Timing
 
@@ -115,18 +118,38 @@ def optimize(
     input it cannot handle; a failing backend candidate is excluded with its reason and never
     raises.
     """
+    config = Config(
+        target=target, threads=threads or 0, seed=seed, simplify=simplify, timing=timing, progress=progress,
+        graph_level=graph_level, budget_s=budget_s, patience=patience, substitutions=substitutions, alpha=alpha,
+        substitution_budget_s=substitution_budget_s, objective=objective, runner=runner,
+    )  # fmt: skip
+    return optimize_with(config, mod, backends, cost_log, params=params, onnx_model=onnx_model,
+                         example_inputs=example_inputs, shapes=shapes, meter=meter)  # fmt: skip
+
+
+def optimize_with(
+    config: Config,
+    mod,
+    backends: BackendSet | Iterable[Backend | str] | None = None,
+    cost_log: CostLog | str | None = None,
+    *,
+    params: Mapping[str, np.ndarray] | None = None,
+    onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
+    example_inputs=None,
+    shapes: Mapping[str, Iterable[int]] | None = None,
+    meter: EnergyMeter | None = None,
+) -> OptimizedModule:
+    """``optimize`` with its settings made once (``collage.config``): what the command line
+    and the torch.compile backend call."""
     started = time.perf_counter()
+    target, threads, seed = config.target, config.threads, config.seed
     stats: dict = {"seed": seed}
 
     def stage(what: str) -> None:  # a line per long stage, so a long optimization never looks stuck
-        if progress:
+        if config.progress:
             print(f"collage: {what} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
 
-    check_target(target)
-    if substitutions and alpha < 1:
-        raise OptimizeError(f"alpha must be at least 1 (1 keeps only improving substitutions), got {alpha}")
-    objective, meter = _objective_and_meter(objective, meter, substitutions, target)
-    threads = threads or default_threads()
+    objective, meter = config.objective, _energy_meter(config, meter)
     pin_threads(threads)
     try:
         mod, from_file, no_file = import_model(mod, example_inputs, shapes)
@@ -146,7 +169,7 @@ def optimize(
 
     report = None
     prepared = original
-    if simplify:
+    if config.simplify:
         stage("simplifying")
         try:
             prepared, report = simplify_module(original, report=True)
@@ -166,24 +189,24 @@ def optimize(
     stats["generate_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    measurer = Measurer(BackendSet(usable), target, threads, log, timing, seed=seed, runner=runner, meter=meter)
-    measurer.measure_all(candidates, progress=progress)
+    measurer = Measurer(BackendSet(usable), config, log, meter)
+    measurer.measure_all(candidates, progress=config.progress)
     stats["measured"] = measurer.measured
     stats["skipped"] = dict(Counter(measurer.skipped.values()))  # {rule: how many}
     stats["distinct"] = len({measurer.key(c) for c in candidates})
     stats["measure_s"] = time.perf_counter() - t
 
     substituted = None
-    if substitutions:
+    if config.substitutions:
         t = time.perf_counter()
         stage("searching graph substitutions")
-        substituted = _search_substitutions(prepared, measurer, usable, alpha, substitution_budget_s, objective, stats)
+        substituted = _search_substitutions(prepared, measurer, usable, config, stats)
         stats["substitute_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     stage("placing")
     try:
-        placements, alone = _placements(graph, candidates, measurer, usable, graph_level, stats.setdefault("engine_alone", {}))
+        placements, alone = _placements(graph, candidates, measurer, usable, config.graph_level, stats.setdefault("engine_alone", {}))
     except PlacementError as err:  # an operator no backend (not even TVM) could run
         raise OptimizeError(_why_unplaced(err, graph, candidates, measurer)) from None
     stats["place_s"] = time.perf_counter() - t
@@ -196,7 +219,7 @@ def optimize(
     arrays = random_inputs(original["main"], seed)
     expected = reference_outputs(original, arrays, log, seed, target)
     finalists = {
-        name: assemble_and_check(graph, placement, expected, arrays, backend_set, target)
+        name: assemble_and_check(graph, placement, expected, arrays, backend_set, target, threads)
         for name, placement in placements.items()
     }
     for engine, name in alone.items():
@@ -206,22 +229,22 @@ def optimize(
             stats["engine_alone"][engine] = f"{engine} alone fell back to tvm: {finalists.pop(name).fallbacks[0][1]}"
     if substituted is not None:
         finalists[SUBSTITUTED_PLACEMENT] = _substituted_finalist(
-            substituted, measurer, usable, expected, arrays, backend_set, target
+            substituted, measurer, usable, expected, arrays, backend_set, config
         )
     if onnx_model is not None:
         stage("running the ONNX file on each engine")
-        finalists.update(_engines_on_file(original, graph, usable, onnx_model, expected, arrays, target, stats))
+        finalists.update(_engines_on_file(original, graph, usable, onnx_model, expected, arrays, config, stats))
     stats["assemble_s"] = time.perf_counter() - t
 
-    if graph_level:
+    if config.graph_level:
         t = time.perf_counter()
         if engines:
             end_to_end = EndToEnd(graph, BackendSet(usable), target, arrays, expected, log,
                                   f"{tvm_ffi.structural_hash(prepared):x} {target}", threads)
             engine = _best_engine(engines, alone, finalists, arrays, target)
             start = KERNELS_ONLY_PLACEMENT if KERNELS_ONLY_PLACEMENT in finalists else OP_LEVEL_PLACEMENT
-            refinement = refine(finalists[start].partitions, engine, end_to_end, budget_s=budget_s,
-                                patience=patience, seed=seed, progress=progress)
+            refinement = refine(finalists[start].partitions, engine, end_to_end, budget_s=config.budget_s,
+                                patience=config.patience, seed=seed, progress=config.progress)
             stats["graph_level"] = refinement.summary()
             end_to_end.release()
             # The search's starting point is timed already. Timed in alternation with the
@@ -284,41 +307,37 @@ def optimize(
     )
 
 
-def _objective_and_meter(objective, meter, substitutions: bool, target: str):
-    """The parsed objective, and the energy meter it needs (None for time alone)."""
-    try:
-        objective = Objective.parse(objective)
-    except ValueError as err:
-        raise OptimizeError(str(err)) from None
-    if objective.is_time:
-        return objective, None
-    if not substitutions:
-        raise OptimizeError(f"objective {objective} steers the substitution search: pass substitutions=True too")
+def _energy_meter(config: Config, meter: EnergyMeter | None) -> EnergyMeter | None:
+    """The energy meter ``config.objective`` needs: None for time alone, else ``meter`` or
+    this machine's own; ``OptimizeError`` when there is none."""
+    if config.objective.is_time:
+        return None
     if meter is None:
         try:
-            meter = energy_meter(target)
+            meter = energy_meter(config.target)
         except NoEnergyMeter as err:
-            raise OptimizeError(f"objective {objective} needs an energy meter, and this machine has none: {err}") from None
-    return objective, meter
+            raise OptimizeError(f"objective {config.objective} needs an energy meter, and this machine has none: {err}") from None
+    return meter
 
 
-def _search_substitutions(prepared, measurer, usable, alpha, budget_s, objective, stats) -> SearchResult | None:
+def _search_substitutions(prepared, measurer, usable, config: Config, stats) -> SearchResult | None:
     """The substitution search over ``prepared``, priced by the op-level placement under
-    ``objective``; its result if it found a cheaper graph."""
-    cost = PlacementCost(measurer, usable, objective)
-    result = search_substitutions(prepared, SUBSTITUTIONS, cost, alpha=alpha, budget_s=budget_s)
-    stats["substitutions"] = dict(result.summary(), alpha=alpha, objective=str(objective), measured_now=cost.measured)
+    ``config.objective``; its result if it found a cheaper graph."""
+    cost = PlacementCost(measurer, usable, config.objective)
+    result = search_substitutions(prepared, SUBSTITUTIONS, cost, alpha=config.alpha, budget_s=config.substitution_budget_s)
+    stats["substitutions"] = dict(result.summary(), alpha=config.alpha, objective=str(config.objective),
+                                  measured_now=cost.measured)  # fmt: skip
     return result if result.applied else None
 
 
-def _substituted_finalist(result: SearchResult, measurer, usable, expected, arrays, backend_set, target) -> Finalist:
+def _substituted_finalist(result: SearchResult, measurer, usable, expected, arrays, backend_set, config: Config) -> Finalist:
     """The best substituted graph placed with every candidate (engine regions included, which
     the search's estimate leaves out), assembled and checked against the unoptimized module."""
     graph = dataflow_graph(result.best)
     candidates = generate(graph, usable)
     measurer.measure_all(candidates, progress=False)
     placement = place(graph, candidates, measurer, measurer.transition_ms)
-    return assemble_and_check(graph, placement, expected, arrays, backend_set, target)
+    return assemble_and_check(graph, placement, expected, arrays, backend_set, config.target, config.threads)
 
 
 def _why_unplaced(err: PlacementError, graph, candidates, costs) -> str:
@@ -378,7 +397,7 @@ def _placements(graph, candidates, costs, usable, graph_level: bool, notes: dict
     return placements, alone
 
 
-def _engines_on_file(original, graph, usable, model, expected, arrays, target, stats) -> dict[str, Finalist]:
+def _engines_on_file(original, graph, usable, model, expected, arrays, config: Config, stats) -> dict[str, Finalist]:
     """Each inference engine that reads ONNX running the user's file whole, checked against
     the unoptimized module; one that cannot, or computes otherwise, is left out with why
     (``stats["engine_alone"]``)."""
@@ -387,9 +406,9 @@ def _engines_on_file(original, graph, usable, model, expected, arrays, target, s
         if backend.kind != GRAPH_LEVEL or backend.compile_onnx is None:
             continue
         try:
-            assembly, partition = from_onnx_file(original, graph, backend, model, target)
-            vm = build_vm(assembly.module, target)
-            problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected)
+            assembly, partition = from_onnx_file(original, graph, backend, model, config.target, config.threads)
+            vm = build_vm(assembly.module, config.target)
+            problem = wrong_result(vm, to_tensors(arrays, device_for(config.target)), expected)
         except EngineAloneFailed as err:
             notes[f"{backend.name} file"] = str(err)
             continue

@@ -133,9 +133,11 @@ def assemble(
     target: str = "llvm",
     returns: list[int] | None = None,
     compiled: dict | None = None,
+    *,
+    threads: int = 0,
 ) -> Assembly:
     """The module running ``partitions`` (which cover ``graph`` and are in an order that
-    runs). ``returns`` makes ``main`` return those nodes' values instead of the graph's result
+    runs), each library's kernel compiled for ``threads`` threads (0: its default). ``returns`` makes ``main`` return those nodes' values instead of the graph's result
     (to read intermediate values). ``compiled`` maps (backend, pattern, nodes) to kernels
     compiled before, and gains the new ones: a search assembling many placements compiles each
     partition once. Raises ``PartitionFailed`` when a backend cannot compile its partition."""
@@ -161,7 +163,7 @@ def assemble(
                 else:
                     name, alone = f"{prefix}.{k}.{part.backend}", runs_alone(part, partitions)
                     try:
-                        kernel = _compile(part, backends, target, compiled, alone)
+                        kernel = _compile(part, backends, target, threads, compiled, alone)
                     except PartitionFailed:
                         _unregister([n for _, n, _ in kernels])  # no Assembly will own them
                         raise
@@ -205,7 +207,7 @@ def runs_alone(part: Partition, partitions) -> bool:
     return math.isfinite(rest) and math.isfinite(part.cost_ms) and rest <= TRIVIAL_SHARE * part.cost_ms
 
 
-def _compile(part: Partition, backends: BackendSet, target: str, compiled: dict | None, alone: bool):
+def _compile(part: Partition, backends: BackendSet, target: str, threads: int, compiled: dict | None, alone: bool):
     """The partition's kernel; ``PartitionFailed`` with the reason when there is none (the
     caller falls the partition back to TVM)."""
     key = (part.backend, part.pattern, part.nodes, alone)
@@ -213,7 +215,7 @@ def _compile(part: Partition, backends: BackendSet, target: str, compiled: dict 
         kernel, reason = compiled[key]
     else:
         func = part.candidate.subgraph.extract()
-        kernel, reason = compile_kernel(backends[part.backend], func, part.pattern, target, alone)
+        kernel, reason = compile_kernel(backends[part.backend], func, part.pattern, target, threads, alone)
         if compiled is not None:
             compiled[key] = (kernel, reason)
     if reason is not None:

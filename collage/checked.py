@@ -10,7 +10,8 @@ from .assemble import Assembly, PartitionFailed, assemble
 from .backend import BackendSet
 from .end_to_end import wrong_result
 from .finalists import Finalist, time_finalists
-from .optimized import OptimizedModule, OptimizeError
+from .errors import OptimizeError
+from .optimized import OptimizedModule
 from .placement import Partition, Placement, tvm_op
 from .prepare import reference_outputs
 from .runner import build_vm, device_for, mismatch, numpy_outputs, random_inputs, run_kernel, to_tensors
@@ -35,9 +36,9 @@ def as_tvm_runs_it(original, prepared, target, threads, seed, log, *, simplified
     )  # fmt: skip
 
 
-def assemble_and_check(graph, placement: Placement, expected, arrays, backends, target) -> Finalist:
+def assemble_and_check(graph, placement: Placement, expected, arrays, backends, target, threads: int = 0) -> Finalist:
     """Assemble, compile and compare with the unoptimized module's ``expected`` outputs on
-    ``arrays``. Partitions that fail to compile, or whose kernels disagree with TVM inside
+    ``arrays``, each library on ``threads`` threads. Partitions that fail to compile, or whose kernels disagree with TVM inside
     the model, fall back to TVM, and the check repeats. Returns the assembly with its VM, the
     partitions it runs and the fallbacks with their reasons."""
     device = device_for(target)
@@ -46,7 +47,7 @@ def assemble_and_check(graph, placement: Placement, expected, arrays, backends, 
     checks = 0
     while True:
         try:
-            assembly = assemble(graph, partitions, backends, target)
+            assembly = assemble(graph, partitions, backends, target, threads=threads)
         except PartitionFailed as failed:
             # Not a check round: each failure sends one more partition to TVM, so this ends.
             fallbacks.append((failed.partition, failed.reason))

@@ -29,6 +29,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from .backend import TARGETS
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 DEFAULT_PLACEMENT = "placement.json"
 SHOW_LIMIT = 20
@@ -47,7 +49,7 @@ class UsageError(Exception):
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = parser().parse_args(argv)
-    from .optimized import OptimizeError
+    from .errors import OptimizeError
     from .cost_log import CostLogError
     from .exported import ExportError
     from .frontend import ModelImportError
@@ -148,7 +150,7 @@ def parser() -> argparse.ArgumentParser:
 def _model_arguments(p: argparse.ArgumentParser, defaults_from: str | None = None, metavar: str = "MODEL.onnx") -> None:
     default = f" (default: {defaults_from}'s)" if defaults_from else ""
     p.add_argument("model", type=Path, metavar=metavar)
-    p.add_argument("--target", choices=("llvm", "cuda"), default=None if defaults_from else "llvm",
+    p.add_argument("--target", choices=TARGETS, default=None if defaults_from else "llvm",
                    help=f"where it runs{default or ' (default llvm)'}")  # fmt: skip
     p.add_argument(
         "--backends", metavar="A,B,...", help=f"only these backends{default or ' (default: all registered)'}"
@@ -180,20 +182,21 @@ def _log_argument(p: argparse.ArgumentParser) -> None:
 
 
 def optimize_command(args) -> int:
-    from .api import optimize
+    from .api import optimize_with
+    from .config import Config
     from .frontend import load_onnx
     from .isolation import InProcess
     from .saved import save_placement
 
     backends, shapes, extra = _backends(args.backends), _shapes(args.shape), _graph_level(args) | _substitutions(args)
+    config = Config(
+        target=args.target, threads=args.threads or 0, seed=args.seed, simplify=args.simplify,
+        progress=not args.quiet, runner=InProcess() if args.in_process else None, **extra,
+    )  # fmt: skip
     _check_picture(args.draw)  # before the minutes of optimizing, not after
     mod = load_onnx(args.model, shapes)
     # The file goes along: each inference engine also runs it whole, as its users would.
-    opt = optimize(
-        mod, args.target, backends, args.log, onnx_model=args.model, threads=args.threads,
-        simplify=args.simplify, progress=not args.quiet, seed=args.seed,
-        runner=InProcess() if args.in_process else None, **extra,
-    )  # fmt: skip
+    opt = optimize_with(config, mod, backends, args.log, onnx_model=args.model)
     print(opt.report())
     print(f"\nplacement written to {save_placement(opt, args.out)}")
     if args.export is not None:
@@ -275,7 +278,7 @@ def _shapes(specs: list[str]) -> dict[str, list[int]]:
 
 
 def _graph_level(args) -> dict:
-    """The keyword arguments for ``--graph-level`` and ``--budget``."""
+    """The settings (``Config``) of ``--graph-level`` and ``--budget``."""
     if not args.graph_level:
         if args.budget is not None:
             raise UsageError("--budget is the graph-level search's: give --graph-level too")
@@ -284,7 +287,7 @@ def _graph_level(args) -> dict:
 
 
 def _substitutions(args) -> dict:
-    """The keyword arguments for ``--substitutions``, ``--alpha`` and ``--objective``."""
+    """The settings (``Config``) of ``--substitutions``, ``--alpha`` and ``--objective``."""
     if not args.substitutions:
         for option in ("alpha", "objective"):
             if getattr(args, option) is not None:
@@ -320,7 +323,7 @@ def _draw(opt, path: Path) -> None:
 
 
 def backends_command(args) -> int:
-    from .backend import TARGETS, default_backends
+    from .backend import default_backends
 
     backends = default_backends()
     why_not = {target: backends.usable(target)[1] for target in TARGETS}

@@ -101,7 +101,8 @@ class EndToEnd:
         ``fresh`` compiles its own kernels: modules timed against each other must not share
         one, since a kernel re-binds its buffers whenever another module calls it."""
         compiled = None if fresh else self._compiled
-        assembly = assemble(self.graph, list(partitions), self.backends, self.target, compiled=compiled)
+        assembly = assemble(self.graph, list(partitions), self.backends, self.target, compiled=compiled,
+                            threads=self.device.threads)
         return assembly, build_vm(assembly.module, self.target)
 
     def measure(self, partitions: Sequence[Partition]) -> Cost:

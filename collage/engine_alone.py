@@ -54,10 +54,12 @@ def blockers_text(engine: str, found: dict[str, tuple[int, str]]) -> str:
 
 
 def from_onnx_file(
-    original: tvm.IRModule, graph: DataflowGraph, backend: Backend, model: onnx.ModelProto, target: str
+    original: tvm.IRModule, graph: DataflowGraph, backend: Backend, model: onnx.ModelProto, target: str,
+    threads: int = 0,
 ) -> tuple[Assembly, Partition]:
     """``original``'s ``main`` as one call of ``backend`` running ``model`` (the file it was
-    imported from), and that call as a partition of ``graph``. Raises ``EngineAloneFailed``."""
+    imported from) on ``threads`` threads (0: the engine's default), and that call as a
+    partition of ``graph``. Raises ``EngineAloneFailed``."""
     main = original["main"]
     model = _with_static_inputs(model, main)
     outputs = main.ret_ty.fields if isinstance(main.ret_ty, relax.TupleType) else [main.ret_ty]
@@ -66,7 +68,7 @@ def from_onnx_file(
             f"the ONNX file has {len(model.graph.output)} output(s); main returns {main.ret_ty}"
         )
     try:
-        kernel = backend.compile_onnx(model, target, alone=True)
+        kernel = backend.compile_onnx(model, target, threads, alone=True)
     except Exception as err:  # the engine's own refusal: this finalist is left out with it
         raise EngineAloneFailed(f"{backend.name} cannot run the ONNX file: {type(err).__name__}: {err}") from None
     name = f"collage_alone_{next(_ids)}.{backend.name}"

@@ -37,8 +37,8 @@ from tvm import relax
 
 from .backend import Backend, BackendSet, default_backends, installed_version
 from .cost import Device
-from .measure import pin_threads
 from .onnx_convert import to_onnx
+from .threads import pin_threads
 from .runner import compile_kernel, compile_onnx_kernel, device_for, input_tensors, random_array, static_shape, to_numpy, to_tensors
 
 FORMAT = "collage-export"
@@ -194,9 +194,10 @@ def load(
     _check_tvm(manifest, path)
     backend_set = backends if isinstance(backends, BackendSet) else BackendSet(backends) if backends else default_backends()
     target = manifest["target"]
-    pin_threads(threads or manifest["threads"])
+    threads = threads or manifest["threads"]
+    pin_threads(threads)
     _warn_if_elsewhere(manifest, backend_set, path)
-    kernels = {entry["name"]: _kernel(entry, backend_set, target, path) for entry in manifest["kernels"]}
+    kernels = {entry["name"]: _kernel(entry, backend_set, target, threads, path) for entry in manifest["kernels"]}
     if not (path / TVM_LIBRARY).is_file():
         raise ExportError(f"{path}: the export lacks {TVM_LIBRARY}")
     library = tvm.runtime.load_module(str(path / TVM_LIBRARY))
@@ -239,7 +240,7 @@ def _warn_if_elsewhere(manifest: dict, backends: BackendSet, path: Path) -> None
             )  # fmt: skip
 
 
-def _kernel(entry: dict, backends: BackendSet, target: str, path: Path):
+def _kernel(entry: dict, backends: BackendSet, target: str, threads: int, path: Path):
     """One library's kernel, compiled again from its file as ``optimize`` compiled it."""
     if entry["backend"] not in backends.names():
         raise ExportError(f"{path}: kernel {entry['name']} runs on backend {entry['backend']!r}, which is not registered here")
@@ -250,10 +251,10 @@ def _kernel(entry: dict, backends: BackendSet, target: str, path: Path):
     if file.suffix == ".onnx":
         import onnx
 
-        kernel, reason = compile_onnx_kernel(backend, onnx.load(file), target, entry["alone"])
+        kernel, reason = compile_onnx_kernel(backend, onnx.load(file), target, threads, entry["alone"])
     else:
         func = tvm.ir.load_json(file.read_text())
-        kernel, reason = compile_kernel(backend, func, entry["pattern"], target, entry["alone"])
+        kernel, reason = compile_kernel(backend, func, entry["pattern"], target, threads, entry["alone"])
     if reason is None:
         return kernel
     raise ExportError(f"{path}: {backend.name} cannot compile kernel {entry['name']} here: {reason}")

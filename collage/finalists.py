@@ -41,7 +41,7 @@ from .cost import Cost
 from .meters import EnergyMeter
 from .placement import Partition
 from .runner import device_for, synchronized, to_tensors
-from .substitute.objective import Objective
+from .objective import Objective
 from .timing import Protocol, busy_cores_by_others, cpu_seconds, median_and_iqr, time_contenders, time_rounds
 
 FINALIST_PROTOCOL = Protocol(rounds=7, block_ms=60.0, settle_s=0.1)

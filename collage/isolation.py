@@ -37,6 +37,7 @@ from .cost import Cost
 from .runner import (compile_kernel, device_for, empty_outputs, first_line, mismatch, random_inputs, run_reference,
                      synchronized, to_tensors)
 from .subgraph import is_tensor_constant
+from .threads import pin_threads
 from .meters import EnergyMeter
 from .timing import Timing, time_call
 
@@ -85,7 +86,8 @@ def weights_in(lifted: relax.Function, arrays: list[np.ndarray]) -> relax.Functi
 @dataclass(frozen=True)
 class MeasureTask:
     """One candidate to measure: ``func`` (the extracted sub-graph, sent as TVM's JSON with its
-    weights as arrays beside it) on ``backend`` by ``pattern``, on ``inputs`` (None: drawn
+    weights as arrays beside it) on ``backend`` by ``pattern``, compiled for ``target`` on
+    ``threads`` threads, on ``inputs`` (None: drawn
     with ``seed``), checked against ``reference`` (TVM's outputs for the same sub-graph and
     inputs; None when not known yet: the task computes it)."""
 
@@ -93,6 +95,7 @@ class MeasureTask:
     func: relax.Function
     pattern: str
     target: str
+    threads: int
     seed: int
     timing: Timing
     reference: list[np.ndarray] | None = None
@@ -101,12 +104,13 @@ class MeasureTask:
 
     def __reduce__(self):
         # The function as TVM's JSON, its weights as arrays beside it.
-        return _task, (self.backend, *weights_out(self.func), self.pattern, self.target, self.seed, self.timing,
+        return _task, (self.backend, *weights_out(self.func), self.pattern, self.target, self.threads, self.seed, self.timing,
                        self.reference, self.meter, self.inputs)  # fmt: skip
 
 
-def _task(backend, lifted, weights, pattern, target, seed, timing, reference, meter, inputs) -> MeasureTask:
-    return MeasureTask(backend, weights_in(lifted, weights), pattern, target, seed, timing, reference, meter, inputs)
+def _task(backend, lifted, weights, pattern, target, threads, seed, timing, reference, meter, inputs) -> MeasureTask:
+    return MeasureTask(backend, weights_in(lifted, weights), pattern, target, threads, seed, timing, reference, meter,
+                       inputs)
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,7 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
     except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
         return MeasureResult(Cost.invalid(str(err)))
     if kernel is None:
-        kernel, reason = compile_kernel(backend, func, task.pattern, task.target)
+        kernel, reason = compile_kernel(backend, func, task.pattern, task.target, task.threads)
         if reason is not None:
             return MeasureResult(Cost.invalid(reason))
     reference = task.reference
@@ -162,9 +166,9 @@ def measure_batch(tasks: list[MeasureTask]) -> list[MeasureResult]:
     """Tasks of one backend compiled together (``Backend.compile_many``), then each checked
     and timed as ``measure`` would; where the batch does not compile (one sub-graph the
     library rejects fails them all), each is measured alone. Never raises."""
-    backend, target = tasks[0].backend, tasks[0].target
+    backend, target, threads = tasks[0].backend, tasks[0].target, tasks[0].threads
     try:
-        kernels = backend.compile_many([t.func for t in tasks], [t.pattern for t in tasks], target)
+        kernels = backend.compile_many([t.func for t in tasks], [t.pattern for t in tasks], target, threads)
     except Exception:  # noqa: BLE001 -- compiled one by one, each failure gets its own reason
         return [measure(t) for t in tasks]
     return [measure(t, kernel) for t, kernel in zip(tasks, kernels)]
@@ -238,7 +242,7 @@ class WorkerProcess:
         # The worker sees the modules this process sees (a backend of the user's own, pickled
         # by reference to its module, must import there), as multiprocessing's spawn does.
         path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-        env = dict(os.environ, COLLAGE_NUM_THREADS=str(self.threads), TVM_NUM_THREADS=str(self.threads), PYTHONPATH=path)
+        env = dict(os.environ, PYTHONPATH=path)
         self._proc = subprocess.Popen(
             [sys.executable, "-c", WORKER_MAIN, str(task_read), str(result_write), str(self.threads)],
             pass_fds=(task_read, result_write), stdin=subprocess.DEVNULL, stdout=self._output,
@@ -331,8 +335,6 @@ def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
 
 def serve(task_fd: int, result_fd: int, threads: int) -> None:
     """The worker's loop: read a task, measure it, write the result, until the parent leaves."""
-    from .measure import pin_threads
-
     pin_threads(threads)
     tasks, results = os.fdopen(task_fd, "rb"), os.fdopen(result_fd, "wb")
     _write(results, "ready")

@@ -20,7 +20,6 @@ The measurer also serves each backend's transition cost (``transition.py``), log
 from __future__ import annotations
 
 import math
-import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,11 +31,11 @@ import tvm_ffi
 from .backend import REFERENCE_BACKEND, BackendSet
 from .candidates import Candidate
 from .cost import Cost, Device
+from .config import Config
 from .cost_log import CostLog, LogKey
-from .isolation import MeasureResult, MeasureRunner, MeasureTask, shared_worker
+from .isolation import MeasureResult, MeasureTask, shared_worker
 from .runner import intermediate_values
 from .meters import EnergyMeter
-from .timing import Timing
 from .transition import measure_transition
 
 TRANSITION = "transition"  # the pattern name of the transition-cost row in the log
@@ -45,19 +44,6 @@ TRANSITION = "transition"  # the pattern name of the transition-cost row in the 
 # candidates is then compiled alone) or a worker that dies on one costs little.
 BATCH = 48
 
-
-def pin_threads(threads: int) -> None:
-    """Run every backend on ``threads`` threads: torch (oneDNN, MKL) at once, and through the
-    environment TVM's thread pool (read when it starts, at its first parallel kernel) and the
-    ONNX Runtime and OpenVINO sessions compiled from now on (``COLLAGE_NUM_THREADS``).
-
-    Not ``runtime.config_threadpool``: it pins the calling thread to a core, and torch's OpenMP
-    threads then share that core with it (a 0.08 ms convolution took 16 ms)."""
-    os.environ["COLLAGE_NUM_THREADS"] = str(threads)
-    os.environ["TVM_NUM_THREADS"] = str(threads)
-    import torch
-
-    torch.set_num_threads(threads)
 
 
 class Measurer:
@@ -72,23 +58,19 @@ class Measurer:
     def __init__(
         self,
         backends: BackendSet,
-        target: str = "llvm",
-        threads: int | None = None,
+        config: Config = Config(),
         log: CostLog | None = None,
-        timing: Timing = Timing(),
-        precision: str = "float32",
-        seed: int = 0,
-        runner: MeasureRunner | None = None,
         meter: EnergyMeter | None = None,
+        precision: str = "float32",
     ):
         self.backends = backends
-        self.target = target
-        self.device = Device.this_machine(threads or default_threads(), target)
+        self.target = config.target
+        self.device = Device.this_machine(config.threads, config.target)
         self.log = log if log is not None else CostLog()
-        self.timing = timing
+        self.timing = config.timing
         self.precision = precision
-        self.seed = seed
-        self.runner = runner if runner is not None else shared_worker(self.device.threads)
+        self.seed = config.seed
+        self.runner = config.runner if config.runner is not None else shared_worker(self.device.threads)
         self.meter = meter  # with a meter, every cost has the energy of a call too
         self.measured = 0
         self.skipped: dict[LogKey, str] = {}  # not measured, by which rule (``SearchBound``); never logged
@@ -121,7 +103,8 @@ class Measurer:
             key = self.transition_key(backend)
             cost = self.log.get(key)
             if cost is None:
-                cost = self.log.put(key, measure_transition(self.backends[backend], self.target, self.timing))
+                measured = measure_transition(self.backends[backend], self.target, self.device.threads, self.timing)
+                cost = self.log.put(key, measured)
             # A backend that runs none of the probes has no measured transition: it is charged none.
             self._transitions[backend] = cost.value_ms if cost.is_valid else 0.0
         return self._transitions[backend]
@@ -246,13 +229,13 @@ class Measurer:
             return Cost.invalid(str(err))
         graph, values = self._values
         if candidate.subgraph.graph is not graph:
-            return MeasureTask(backend, func, candidate.pattern, self.target, self.seed, self.timing,
+            return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed, self.timing,
                                self._references.get(tvm_ffi.structural_hash(func)), self.meter)
         # Read off the whole graph's values; TVM's own kernels are the reference, unchecked.
         inputs = [values[value] for value in candidate.subgraph.arguments()]
         reference = None if backend.name == REFERENCE_BACKEND else [values[graph[i].var] for i in candidate.subgraph.outputs]
-        return MeasureTask(backend, func, candidate.pattern, self.target, self.seed, self.timing, reference,
-                           self.meter, inputs)  # fmt: skip
+        return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed,
+                           self.timing, reference, self.meter, inputs)  # fmt: skip
 
     def _result(self, task: MeasureTask, result: MeasureResult) -> Cost:
         """The cost in ``result``, keeping the reference outputs it brings for later tasks."""
@@ -323,6 +306,3 @@ class SearchBound:
         return None
 
 
-def default_threads() -> int:
-    """The cores this process may run on (2 on the development machines)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

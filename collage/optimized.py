@@ -15,10 +15,6 @@ from .runner import device_for, input_tensors, static_shape, to_numpy
 from .simplify import SimplifyReport
 
 
-class OptimizeError(Exception):
-    """The model cannot be optimized as given; the message says what to change."""
-
-
 @dataclass
 class OptimizedModule:
     """The placed and assembled model. Call it with numpy arrays like the original ``main``."""

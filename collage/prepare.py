@@ -14,16 +14,8 @@ from tvm import relax
 from .backend import Backend, BackendSet, default_backends
 from .cost_log import CostLog
 from .graph import DataflowGraph
-from .optimized import OptimizeError
+from .errors import OptimizeError
 from .runner import build_vm, device_for, first_line, numpy_outputs, reference_vm, static_shape, to_tensors
-
-TARGETS = ("llvm", "cuda")
-
-
-def check_target(target: str) -> None:
-    if target not in TARGETS:
-        raise OptimizeError(f"unknown target {target!r}; collage supports {', '.join(TARGETS)}")
-
 
 def bound_main(mod, params: Mapping[str, np.ndarray] | None) -> tvm.IRModule:
     """``mod`` with ``params`` bound into ``main``, checked to take static tensor inputs only."""

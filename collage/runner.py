@@ -221,14 +221,15 @@ def mismatch(actual: list[np.ndarray], expected: list[np.ndarray], rtol: float |
     return None
 
 
-def check_candidate(backend, func: relax.Function, pattern: str, target: str = "llvm", seed: int = 0) -> str | None:
+def check_candidate(backend, func: relax.Function, pattern: str, target: str = "llvm", seed: int = 0,
+                    threads: int = 0) -> str | None:
     """Compile ``func`` on ``backend``, run it on seeded random inputs and compare with TVM.
 
     Returns None when the kernel matches, else one line saying why it does not: the library
     cannot run it (``Unsupported``), compiling or running failed, or the values differ. A
     failing candidate is excluded with this reason; it never raises.
     """
-    kernel, reason = compile_kernel(backend, func, pattern, target)
+    kernel, reason = compile_kernel(backend, func, pattern, target, threads)
     if reason is not None:
         return reason
     arrays = random_inputs(func, seed)
@@ -239,21 +240,22 @@ def check_candidate(backend, func: relax.Function, pattern: str, target: str = "
     return mismatch(actual, run_reference(func, arrays))
 
 
-def compile_kernel(backend, func: relax.Function, pattern: str, target: str, alone: bool = False):
+def compile_kernel(backend, func: relax.Function, pattern: str, target: str, threads: int, alone: bool = False):
     """``(kernel, None)``, or ``(None, why not)``: the library cannot run here, rejects the
-    sub-graph (``Unsupported``), or fails compiling it. Never raises. ``alone`` compiles an
+    sub-graph (``Unsupported``), or fails compiling it. Never raises. The kernel runs on
+    ``threads`` threads (0: the library's default). ``alone`` compiles an
     inference engine's kernel with its users' settings (``Backend.compile_onnx``), for a
     partition that nothing of another library runs beside."""
     from .onnx_convert import to_onnx
 
     if alone and backend.compile_onnx is not None:
-        return _compiled(backend, target, lambda: backend.compile_onnx(to_onnx(func), target, alone=True))
-    return _compiled(backend, target, lambda: backend.compile(func, pattern, target))
+        return _compiled(backend, target, lambda: backend.compile_onnx(to_onnx(func), target, threads, alone=True))
+    return _compiled(backend, target, lambda: backend.compile(func, pattern, target, threads))
 
 
-def compile_onnx_kernel(backend, model, target: str, alone: bool = True):
+def compile_onnx_kernel(backend, model, target: str, threads: int, alone: bool = True):
     """An inference engine's kernel for an ONNX model, as ``compile_kernel`` returns one."""
-    return _compiled(backend, target, lambda: backend.compile_onnx(model, target, alone=alone))
+    return _compiled(backend, target, lambda: backend.compile_onnx(model, target, threads, alone=alone))
 
 
 def _compiled(backend, target: str, build):

@@ -41,11 +41,14 @@ from .cost_log import CostLog
 from .engine_alone import FILE_SUFFIX, EngineAloneFailed, from_onnx_file
 from .finalists import Finalist, time_finalists
 from .graph import DataflowGraph
-from .measure import Measurer, pin_threads
-from .optimized import OptimizedModule, OptimizeError
+from .measure import Measurer
+from .threads import pin_threads
+from .config import Config
+from .errors import OptimizeError
+from .optimized import OptimizedModule
 from .placement import Partition, Placement
 from .prepare import backend_set as make_backend_set
-from .prepare import bound_main, check_target, dataflow_graph, reference_outputs
+from .prepare import bound_main, dataflow_graph, reference_outputs
 from .end_to_end import wrong_result
 from .runner import build_vm, device_for, random_inputs, to_tensors
 from .simplify import simplify as simplify_module
@@ -178,10 +181,9 @@ def load_placement(
     ``PlacementFileError`` when the file does not fit ``mod``.
     """
     record = read_placement(path)
-    target = target or record["target"]
-    check_target(target)
-    threads = threads or record["threads"]
-    seed = seed if seed is not None else record.get("seed") or 0
+    config = Config(target=target or record["target"], threads=threads or record["threads"],
+                    seed=seed if seed is not None else record.get("seed") or 0, simplify=record["simplify"])  # fmt: skip
+    target, threads, seed = config.target, config.threads, config.seed
     pin_threads(threads)
     original = bound_main(mod, params)
     backend_set = make_backend_set(backends if backends is not None else _placement_backends(record))
@@ -202,7 +204,7 @@ def load_placement(
     _check_backends(record, backend_set, excluded, path)
 
     log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
-    costs = LoggedCosts(Measurer(BackendSet(usable), target, threads, log))
+    costs = LoggedCosts(Measurer(BackendSet(usable), config, log))
     partitions = tuple(_partition(graph, entry, costs) for entry in record["partitions"])
     _check_cover(graph, partitions, path)
 
@@ -210,9 +212,9 @@ def load_placement(
     expected = reference_outputs(original, arrays, log, seed, target)
     if _runs_file(record):
         backend = backend_set[record["partitions"][0]["backend"]]
-        built = _on_file(original, graph, backend, onnx_model, (arrays, expected), target, path)
+        built = _on_file(original, graph, backend, onnx_model, (arrays, expected), config, path)
     else:
-        built = assemble_and_check(graph, Placement(graph, partitions), expected, arrays, backend_set, target)
+        built = assemble_and_check(graph, Placement(graph, partitions), expected, arrays, backend_set, target, threads)
     # Timed as optimize times its finalists, so the two commands print comparable numbers.
     measured = time_finalists({"placement": built}, arrays, target).costs["placement"]
     partitions = built.partitions
@@ -249,7 +251,7 @@ def _runs_file(record: dict) -> bool:
     return len(parts) == 1 and parts[0]["pattern"] == f"{parts[0]['backend']}{FILE_SUFFIX}"
 
 
-def _on_file(original, graph, backend, onnx_model, check, target, path) -> Finalist:
+def _on_file(original, graph, backend, onnx_model, check, config: Config, path) -> Finalist:
     """The saved placement that runs the user's ONNX file whole on one engine, rebuilt and
     checked on ``check`` (inputs, expected outputs)."""
     if onnx_model is None:
@@ -257,12 +259,12 @@ def _on_file(original, graph, backend, onnx_model, check, target, path) -> Final
     if not isinstance(onnx_model, onnx.ModelProto):
         onnx_model = onnx.load(onnx_model)
     try:
-        assembly, partition = from_onnx_file(original, graph, backend, onnx_model, target)
+        assembly, partition = from_onnx_file(original, graph, backend, onnx_model, config.target, config.threads)
     except EngineAloneFailed as err:
         raise PlacementFileError(f"{path}: {err}") from None
-    vm = build_vm(assembly.module, target)
+    vm = build_vm(assembly.module, config.target)
     arrays, expected = check
-    problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected)
+    problem = wrong_result(vm, to_tensors(arrays, device_for(config.target)), expected)
     if problem is not None:
         raise OptimizeError(f"{backend.name} on the ONNX file disagrees with the unoptimized module: {problem}")
     return Finalist([partition], assembly, vm, math.nan)

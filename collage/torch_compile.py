@@ -22,17 +22,17 @@ inference graph.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import tvm
 
 from . import api
+from .config import Config
+from .errors import OptimizeError
 from .frontend import export_onnx
 
-# What ``options`` may set: optimize's arguments that are not the model itself.
-MODEL_ARGUMENTS = ("mod", "params", "onnx_model", "example_inputs", "shapes")
-OPTIONS = tuple(name for name in inspect.signature(api.optimize).parameters if name not in MODEL_ARGUMENTS)
+# What ``options`` may set: each setting of a ``Config``, and what optimize takes beside them.
+ARGUMENTS = ("backends", "cost_log", "meter")
+OPTIONS = (*Config.names(), *ARGUMENTS)
 
 
 class TorchCompileError(Exception):
@@ -45,17 +45,23 @@ def collage_backend(gm: torch.fx.GraphModule, example_inputs: list, *, options: 
     if mode is not None:
         raise TorchCompileError(f"collage takes no mode ({mode!r} is Inductor's); pass optimize's keywords as options")
     _refuse_training(gm, example_inputs)
-    return CompiledGraph(gm, example_inputs, optimize_options(options))
+    return CompiledGraph(gm, example_inputs, *optimize_options(options))
 
 
-def optimize_options(options: dict | None) -> dict:
-    """``options`` as ``collage.optimize``'s keyword arguments (no progress lines unless
-    asked); a name it does not take is a ``TorchCompileError``."""
+def optimize_options(options: dict | None) -> tuple[Config, dict]:
+    """``options`` as the ``Config`` of each optimization (no progress lines unless asked)
+    and the rest of optimize's arguments; a name it does not take, or a setting ``Config``
+    refuses, is a ``TorchCompileError``."""
     options = dict(options or {})
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TorchCompileError(f"unknown option(s) {', '.join(unknown)}; collage takes {', '.join(OPTIONS)}")
-    return {"progress": False} | options
+    settings = {"progress": False} | {name: value for name, value in options.items() if name not in ARGUMENTS}
+    try:
+        config = Config(**settings)
+    except OptimizeError as err:
+        raise TorchCompileError(str(err)) from None
+    return config, {name: value for name, value in options.items() if name in ARGUMENTS}
 
 
 def _refuse_training(gm: torch.fx.GraphModule, example_inputs: list) -> None:
@@ -97,8 +103,8 @@ class CompiledGraph:
     with (``optimized``: shapes -> ``OptimizedModule``; ``mains``: shapes -> its ``main``,
     looked up once: a lookup per call costs a few microseconds)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, options: dict):
-        self.gm, self.options = gm, options
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, config: Config, arguments: dict):
+        self.gm, self.config, self.arguments = gm, config, arguments
         self.weights = {k: v for k, v in enumerate(example_inputs) if is_weight(v)}
         self.inputs = [k for k, v in enumerate(example_inputs) if k not in self.weights and isinstance(v, torch.Tensor)]
         self.sizes = [k for k, v in enumerate(example_inputs) if isinstance(v, (int, torch.SymInt))]
@@ -119,7 +125,7 @@ class CompiledGraph:
         key = tuple(tuple(args[k].shape) for k in self.inputs) + tuple(int(args[k]) for k in self.sizes)
         if key not in self.optimized:
             mod, onnx_model = relax_module(self.gm, args, self.weights)
-            self.optimized[key] = api.optimize(mod, onnx_model=onnx_model, **self.options)
+            self.optimized[key] = api.optimize_with(self.config, mod, onnx_model=onnx_model, **self.arguments)
             self.mains[key] = self.optimized[key].main
         return self.mains[key]
 

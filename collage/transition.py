@@ -54,14 +54,14 @@ def probes() -> list[relax.Function]:
     return [build((1, 32, 28, 28), conv), build((64, 256), matmul)]
 
 
-def measure_transition(backend, target: str, timing: Timing) -> Cost:
+def measure_transition(backend, target: str, threads: int, timing: Timing) -> Cost:
     """The transition into ``backend`` (a Backend record), in ms per boundary; invalid when it
     runs none of the probes."""
     for probe in probes():
         graph = DataflowGraph(probe)
         whole = [c for c in generate(graph, [backend]) if len(c.subgraph) == len(graph)]
         for candidate in whole:
-            kernel, reason = compile_kernel(backend, candidate.subgraph.extract(), candidate.pattern, target)
+            kernel, reason = compile_kernel(backend, candidate.subgraph.extract(), candidate.pattern, target, threads)
             if reason is not None:  # this probe is not for this backend; try the next
                 continue
             try:

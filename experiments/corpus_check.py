@@ -119,7 +119,7 @@ def main(argv=None) -> None:
     import tvm
 
     from collage.cost import cpu_info
-    from collage.measure import pin_threads
+    from collage.threads import pin_threads
 
     pin_threads(args.threads)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

@@ -130,7 +130,7 @@ def torch_compile_entry(w: models.Workload, reference, threads: int) -> dict:
 
 
 def run(names: list[str], threads: int, out: Path) -> dict:
-    from collage.measure import pin_threads
+    from collage.threads import pin_threads
 
     pin_threads(threads)
     results = json.loads(out.read_text()) if out.exists() else {}

@@ -81,7 +81,7 @@ def _among_others(graph, whole, backend):
     from collage.backend import BackendSet
     from collage.runner import compile_kernel
 
-    kernel, reason = compile_kernel(backend, whole.candidate.subgraph.extract(), whole.pattern, "llvm", alone=False)
+    kernel, reason = compile_kernel(backend, whole.candidate.subgraph.extract(), whole.pattern, "llvm", threads, alone=False)
     if reason is not None:
         raise SystemExit(reason)
     return assemble(graph, [whole], BackendSet([backend]), compiled={(whole.backend, whole.pattern, whole.nodes, True): (kernel, None)})

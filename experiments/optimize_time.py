@@ -29,7 +29,7 @@ RUNNERS = ("worker", "in-process")
 def one(model: str, log: str, threads: int, runner: str) -> dict:
     """One optimize in this process; what it took."""
     from collage.isolation import InProcess
-    from collage.measure import pin_threads
+    from collage.threads import pin_threads
 
     pin_threads(threads)
     import collage

@@ -96,7 +96,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     from collage.cost import cpu_info
-    from collage.measure import pin_threads
+    from collage.threads import pin_threads
     from experiments import models
 
     pin_threads(args.threads)

@@ -271,6 +271,15 @@ def compile_match(func: relax.Function, patterns: Mapping[str, Pattern], name: s
     return match
 
 
+def use_torch_threads(threads: int) -> None:
+    """Run the kernels compiled now on ``threads`` of torch's intra-op threads (0: leave them).
+    torch has one such count per process, so a backend driving torch sets it when it compiles."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def reader(func: relax.Function, match: Match, name: str, convert: Callable, prepare: Callable = lambda t: t):
     """How a kernel for ``func`` gets the operand captured as ``name``: ``read(inputs) ->
     tensor``, or None when the match has no such capture (an optional bias or residual).

@@ -26,7 +26,7 @@ def _chain(group, node):
     return True
 
 
-def compile_elementwise(func, pattern, target):
+def compile_elementwise(func, pattern, target, threads):
     """A chain of unary element-wise ops, run by NumPy on the caller's buffers."""
     ops = []
     for binding in func.body.blocks[0].bindings:
@@ -56,19 +56,19 @@ NUMPY = Backend(
 )
 
 
-def _cannot_compile(func, pattern, target):
+def _cannot_compile(func, pattern, target, threads):
     raise RuntimeError("the library crashed while compiling\nsecond line")
 
 
-def _raises_when_run(func, pattern, target):
+def _raises_when_run(func, pattern, target, threads):
     def kernel(*tensors):
         raise MemoryError("out of scratch space")
 
     return kernel
 
 
-def _wrong(func, pattern, target):
-    right = compile_elementwise(func, pattern, target)
+def _wrong(func, pattern, target, threads):
+    right = compile_elementwise(func, pattern, target, threads)
 
     def kernel(x, out):
         right(x, out)
@@ -77,12 +77,12 @@ def _wrong(func, pattern, target):
     return kernel
 
 
-def _aborts_when_compiling(func, pattern, target):
+def _aborts_when_compiling(func, pattern, target, threads):
     """A library that crashes the process (a failed assertion in C++ calls abort)."""
     os.abort()
 
 
-def _hangs_when_run(func, pattern, target):
+def _hangs_when_run(func, pattern, target, threads):
     def kernel(*tensors):
         time.sleep(3600)  # a deadlocked library
 
@@ -97,17 +97,17 @@ def variant(name: str, compile, compile_many=None) -> Backend:
 BATCHES: list[int] = []  # the size of each batch ``compile_elementwise_together`` was given
 
 
-def compile_elementwise_together(funcs, patterns, target):
+def compile_elementwise_together(funcs, patterns, target, threads):
     BATCHES.append(len(funcs))
-    return [compile_elementwise(f, p, target) for f, p in zip(funcs, patterns)]
+    return [compile_elementwise(f, p, target, threads) for f, p in zip(funcs, patterns)]
 
 
-def _batch_rejected(funcs, patterns, target):
+def _batch_rejected(funcs, patterns, target, threads):
     """A library that rejects a batch as soon as one of its sub-graphs is bad."""
     raise RuntimeError("one sub-graph of the batch does not compile")
 
 
-def _batch_aborts(funcs, patterns, target):
+def _batch_aborts(funcs, patterns, target, threads):
     os.abort()
 
 
@@ -138,11 +138,11 @@ class RightOnlyWhenMeasured:
         self.seen = set()
         self.backend = variant("flaky", self.compile)
 
-    def compile(self, func, pattern, target):
+    def compile(self, func, pattern, target, threads):
         text = func.script()
         first = text not in self.seen
         self.seen.add(text)
-        return _priced_cheaply((compile_elementwise if first else _wrong)(func, pattern, target))
+        return _priced_cheaply((compile_elementwise if first else _wrong)(func, pattern, target, threads))
 
 
 class CompilesOnlyOnce:
@@ -153,12 +153,12 @@ class CompilesOnlyOnce:
         self.seen = set()
         self.backend = variant("once", self.compile)
 
-    def compile(self, func, pattern, target):
+    def compile(self, func, pattern, target, threads):
         text = func.script()
         if text in self.seen:
             raise RuntimeError("license expired")
         self.seen.add(text)
-        return _priced_cheaply(compile_elementwise(func, pattern, target))
+        return _priced_cheaply(compile_elementwise(func, pattern, target, threads))
 
 
 @dataclasses.dataclass(frozen=True)

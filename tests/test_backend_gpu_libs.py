@@ -100,10 +100,10 @@ def test_float32_only_is_a_clear_refusal():
     # float16 and int32 were rejected by the checks above; asked anyway, compile says why.
     conv16 = SubGraph(DataflowGraph.from_module(ResidualBlock), S(7)).extract()
     with pytest.raises(Unsupported, match="^cudnn.conv2d: float32 only: data is float16$"):
-        cudnn.BACKEND.compile(conv16, "cudnn.conv2d", "cuda")
+        cudnn.BACKEND.compile(conv16, "cudnn.conv2d", "cuda", 0)
     ints = SubGraph(DataflowGraph.from_module(Matmuls), S(5)).extract()
     with pytest.raises(Unsupported, match="^cublas.dense: float32 only: lhs is int32$"):
-        cublas.BACKEND.compile(ints, "cublas.dense", "cuda")
+        cublas.BACKEND.compile(ints, "cublas.dense", "cuda", 0)
 
 
 @pytest.mark.parametrize("backend", [cudnn.BACKEND, cublas.BACKEND], ids=lambda b: b.name)

@@ -154,7 +154,7 @@ def test_tensorrt_kernel_binds_device_pointers_by_name(monkeypatch):
 def test_unknown_operator_excludes_the_candidate_with_its_reason(name, target):
     backend, func = engine(name), DataflowGraph.from_module(WithUnknownOp).func
     with pytest.raises(Unsupported, match="relax.cumprod has no ONNX conversion"):
-        backend.compile(func, f"{name}.fused", target)
+        backend.compile(func, f"{name}.fused", target, 0)
     reason = runner.check_candidate(backend, func, f"{name}.fused", target)
     assert reason == "unsupported: operator relax.cumprod has no ONNX conversion"
 
@@ -162,7 +162,7 @@ def test_unknown_operator_excludes_the_candidate_with_its_reason(name, target):
 def test_what_onnx_runtime_rejects_is_unsupported():
     """ONNX's Floor takes floats only: the model converts, and ONNX Runtime says no."""
     with pytest.raises(Unsupported, match="ONNX Runtime cannot run this sub-graph: .*Floor"):
-        engine("onnxruntime").compile(IntegerFloor["main"], "onnxruntime.fused", "llvm")
+        engine("onnxruntime").compile(IntegerFloor["main"], "onnxruntime.fused", "llvm", 0)
 
 
 @pytest.mark.parametrize("name, target", CPU_ENGINES)
@@ -171,7 +171,7 @@ def test_kernel_reads_and_writes_the_callers_buffers_on_every_call(name, target)
     graph = DataflowGraph.from_module(WithUnknownOp)
     (matmul_relu,) = [c for c in generate(graph, [backend]) if c.subgraph.nodes == {0, 1}]
     sub = matmul_relu.subgraph.extract()
-    kernel = backend.compile(sub, matmul_relu.pattern, target)
+    kernel = backend.compile(sub, matmul_relu.pattern, target, 0)
     inputs, outputs = runner.to_tensors(runner.random_inputs(sub)), runner.empty_outputs(sub)
     for seed in (1, 2):  # the same buffers, new contents
         arrays = runner.random_inputs(sub, seed)

@@ -10,7 +10,7 @@ import collage
 from collage.cost import Cost
 from collage.cost_log import CostLog
 from collage.meters import NoEnergyMeter, energy_meter
-from collage.substitute.objective import Objective
+from collage.objective import Objective
 from collage.timing import Timing, time_call
 from tests.backends_for_tests import ClockMeter
 

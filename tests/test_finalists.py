@@ -180,8 +180,8 @@ def test_onnxruntime_alone_keeps_its_threads_spinning_and_among_others_stops_the
 
     w = models.load("mlp")
     func = w.relax["main"]
-    alone = onnxruntime.compile_onnx(onnxruntime.to_onnx(func), "llvm", alone=True)
-    among = onnxruntime.BACKEND.compile(func, "onnxruntime.fused", "llvm")
+    alone = onnxruntime.compile_onnx(onnxruntime.to_onnx(func), "llvm", 2, alone=True)
+    among = onnxruntime.BACKEND.compile(func, "onnxruntime.fused", "llvm", 2)
     assert not _spinning_stops(alone) and _spinning_stops(among)
 
 

@@ -8,6 +8,7 @@ from tvm.script import relax as R
 from collage.backend import BackendSet, default_backends
 from collage.candidates import generate
 from collage.cost import Cost
+from collage.config import Config
 from collage.cost_log import CostLog
 from collage.graph import DataflowGraph
 from collage.isolation import InProcess, WorkerProcess
@@ -63,9 +64,9 @@ def test_warm_up_lasts_while_calls_still_get_faster_and_no_longer():
     assert steady[-1] - start < 0.06  # a steady kernel: two short warm-up rounds, then its samples
 
 
-def measurer(tmp_path, *backends, **kw):
+def measurer(tmp_path, *backends, runner=None):
     bs = BackendSet([default_backends()["tvm"], *backends])
-    return Measurer(bs, threads=2, log=CostLog(tmp_path / "costs.sqlite"), timing=FAST, **kw)
+    return Measurer(bs, Config(threads=2, timing=FAST, runner=runner), CostLog(tmp_path / "costs.sqlite"))
 
 
 def test_every_candidate_gets_a_cost_and_failures_say_why(tmp_path):
@@ -211,7 +212,7 @@ def test_transition_cost_is_measured_per_backend_and_logged(tmp_path):
     assert 0.0 <= t < 5.0 and m.transition_ms("tvm") == 0.0
     assert measurer(tmp_path, NUMPY, dnnl).transition_ms("dnnl") == t  # read from the log
     # NumPy's element-wise chain runs neither probe: invalid with a reason, no transition.
-    assert measure_transition(NUMPY, "llvm", FAST).reason == "numpy runs none of the transition probes"
+    assert measure_transition(NUMPY, "llvm", 1, FAST).reason == "numpy runs none of the transition probes"
     assert m.transition_ms("numpy") == 0.0
 
 
@@ -293,7 +294,7 @@ def test_a_task_travels_as_text_and_arrays_and_arrives_whole():
     lifted, arrays = weights_out(f)
     assert len(arrays) == 1 and (arrays[0] == w).all()  # the scalar stays in the text
     assert len(lifted.params) == 2
-    task = MeasureTask(NUMPY, f, "numpy.chain", "llvm", 0, FAST)
+    task = MeasureTask(NUMPY, f, "numpy.chain", "llvm", 1, 0, FAST)
     arrived = pickle.loads(pickle.dumps(task))
     assert tvm_ffi.structural_equal(arrived.func, f, map_free_vars=True)
     assert arrived.backend == NUMPY and arrived.timing == FAST

@@ -20,7 +20,7 @@ def engine_running(*ops: str) -> Backend:
         name="engine",
         kind=GRAPH_LEVEL,
         targets=("llvm",),
-        compile=lambda func, pattern, target: None,
+        compile=lambda func, pattern, target, threads: None,
         rules=(PatternRule("engine.any", lambda graph, node: node.op in ops, lambda group, node: True),),
     )
 

@@ -355,7 +355,7 @@ def test_hard_activations_become_onnx_operators_where_they_match(make, fused):
     from collage.backends.openvino import compile_onnx  # the other engine reading these operators
 
     outputs = runner.to_tensors([np.empty_like(expected[0])])
-    compile_onnx(model, "llvm")(*runner.to_tensors(arrays), *outputs)
+    compile_onnx(model, "llvm", 0)(*runner.to_tensors(arrays), *outputs)
     assert runner.mismatch([outputs[0].numpy()], expected) is None
 
 
@@ -381,7 +381,7 @@ def test_the_engines_fuse_what_the_conversion_writes_as_the_exporter_does(make, 
     from collage.backends.openvino import compile_onnx
 
     outputs = runner.to_tensors([np.empty_like(expected[0])])
-    compile_onnx(model, "llvm")(*runner.to_tensors(arrays), *outputs)
+    compile_onnx(model, "llvm", 0)(*runner.to_tensors(arrays), *outputs)
     assert runner.mismatch([outputs[0].numpy()], expected) is None
 
 

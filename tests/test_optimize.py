@@ -15,7 +15,8 @@ from collage.cost_log import CostLog
 from collage.isolation import InProcess, WorkerProcess
 from collage.timing import Timing
 from experiments import models
-from tests.backends_for_tests import ABORTS, CANNOT_COMPILE, HANGS, NUMPY, WRONG, CompilesOnlyOnce, RightOnlyWhenMeasured
+from tests.backends_for_tests import (ABORTS, CANNOT_COMPILE, HANGS, NUMPY, WRONG, CompilesOnlyOnce, RightOnlyWhenMeasured,
+                                     compile_elementwise, variant)
 
 FAST = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
 
@@ -81,6 +82,21 @@ def test_a_second_optimize_measures_nothing(tmp_path):
     again = collage.optimize(Unary, backends=backends(NUMPY), cost_log=log, timing=FAST, progress=False)
     assert first.stats["measured"] > 0 and again.stats["measured"] == 0
     assert [(p.backend, p.nodes) for p in again.placement] == [(p.backend, p.nodes) for p in first.placement]
+
+
+def test_threads_reach_each_backends_compile_as_an_argument(tmp_path, monkeypatch):
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    seen = []
+
+    def compile_recording(func, pattern, target, threads):
+        seen.append(threads)
+        return compile_elementwise(func, pattern, target, threads)
+
+    recording = variant("recording", compile_recording)
+    opt = collage.optimize(Unary, backends=backends(recording), cost_log=tmp_path / "c.sqlite", timing=FAST,
+                           progress=False, threads=1, runner=InProcess())  # fmt: skip
+    assert seen and set(seen) == {1} and opt.threads == 1
+    assert any(p.backend == "recording" for p in opt.placement)  # compiled for the model too, on 1 thread
 
 
 def test_failing_candidates_are_excluded_not_raised(tmp_path):
@@ -177,6 +193,8 @@ def test_params_are_bound_by_name(tmp_path):
         (lambda log: collage.optimize("model.onnx", cost_log=log), "model.onnx: no such file"),
         (lambda log: collage.optimize(42, cost_log=log), "cannot optimize a int: collage takes a Relax tvm.IRModule"),
         (lambda log: collage.optimize(Unary, target="vulkan", cost_log=log), "unknown target 'vulkan'"),
+        (lambda log: collage.optimize(Unary, threads=-2, cost_log=log), "threads must be a positive number"),
+        (lambda log: collage.optimize(Unary, objective="speed", cost_log=log), "objective 'speed': write time"),
         (lambda log: collage.optimize(Unary, backends=["tvm", "nope"], cost_log=log), "unknown backend 'nope'"),
         (lambda log: collage.optimize(Unary, backends=[NUMPY], cost_log=log), "'tvm' backend must be among"),
         (lambda log: collage.optimize(Unary, params={"q": np.ones(2)}, cost_log=log), "params name no input of main: q"),

@@ -30,15 +30,15 @@ class SmallCnn(nn.Module):
 
 @pytest.fixture
 def optimized(monkeypatch):
-    """Every module collage.optimize returns while the test runs."""
+    """Every module the torch.compile backend optimized while the test runs."""
     made = []
-    real = collage.api.optimize
+    real = collage.api.optimize_with
 
     def counted(*args, **kwargs):
         made.append(real(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(collage.api, "optimize", counted)
+    monkeypatch.setattr(collage.api, "optimize_with", counted)
     torch._dynamo.reset()
     yield made
     torch._dynamo.reset()
@@ -93,6 +93,9 @@ def test_training_is_refused_with_what_to_change(optimized):
 
 
 def test_options_are_optimizes_keywords():
-    assert optimize_options({"backends": ["tvm"]}) == {"progress": False, "backends": ["tvm"]}
-    with pytest.raises(TorchCompileError, match="unknown option.*budget.*collage takes target, backends"):
+    config, arguments = optimize_options({"backends": ["tvm"], "threads": 1, "objective": "time"})
+    assert arguments == {"backends": ["tvm"]} and not config.progress and config.threads == 1 and config.objective.is_time
+    with pytest.raises(TorchCompileError, match="unknown option.*budget.*collage takes target, threads"):
         optimize_options({"budget": 3})
+    with pytest.raises(TorchCompileError, match="unknown target 'tpu'"):
+        optimize_options({"target": "tpu"})

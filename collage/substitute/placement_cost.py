@@ -24,12 +24,12 @@ from ..candidates import PART_SUFFIX, REGION_SUFFIX, generate
 from ..graph import DataflowGraph
 from ..measure import Measurer
 from ..placement import PlacementError, place
-from .objective import Objective, WeightedCosts
+from ..objective import Objective, WeightedCosts
 
 
 class PlacementCost:
     """``cost(mod)``: what the best op-level placement of ``mod``'s ``main`` on ``backends``
-    costs under ``objective`` (``collage.substitute.objective``): its estimated ms for time
+    costs under ``objective`` (``collage.objective``): its estimated ms for time
     alone, else the weighted metrics relative to the first graph priced (the graph as given,
     which the search prices first). Candidate costs come from ``measurer`` (logged, or
     measured now; with energy where the objective needs it); ``math.inf`` where some operator

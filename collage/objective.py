@@ -1,5 +1,6 @@
-"""What the substitution search minimizes: time, energy, average power, or a weighted mix of
-them (the energy-aware paper's cost functions).
+"""What an optimization minimizes: time, energy, average power, or a weighted mix of them (the
+energy-aware paper's cost functions). The substitution search prices graphs by it, and the
+finalists are chosen by it.
 
 An objective weighs three metrics of a placement, each divided by its value for the graph as
 given, so that weights compare like with like, as the paper normalizes them: time (ms per
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..cost import Cost
+from .cost import Cost
 
 METRICS = ("time", "energy", "power")
 

@@ -1,0 +1,8 @@
+"""The errors a user of collage may see, each a message that says what to change.
+
+They live here, below every stage, so that any stage can raise them without importing the
+stages above it."""
+
+
+class OptimizeError(Exception):
+    """The model cannot be optimized as given; the message says what to change."""
