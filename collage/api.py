@@ -1,8 +1,10 @@
-"""``collage.optimize``: the only place where the stages are wired together.
+"""``collage.optimize`` and ``collage.load_placement``: the only place where the stages are wired together.
 
-    simplify -> DataflowGraph -> candidates -> measured costs (cost log) -> DP placement
-             -> finalists, each assembled and checked against the unoptimized module
-             -> timed against each other (collage.finalists) -> OptimizedModule
+    optimize:        prepare (bind, simplify, inputs, reference) -> DataflowGraph -> candidates
+                     -> measured costs (cost log) -> DP placement -> finalists, each assembled and
+                     checked against the unoptimized module -> timed against each other -> OptimizedModule
+    load_placement:  prepare -> DataflowGraph -> the saved partitions, costs from the log
+                     -> assembled and checked -> timed -> OptimizedModule
 """
 
 from __future__ import annotations
@@ -24,39 +26,32 @@ import tvm_ffi
 from .backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet
 from .candidates import PART_SUFFIX, REGION_SUFFIX, generate
 from .checked import as_tvm_runs_it, assemble_and_check
+from .config import Config
+from .cost import Cost
 from .cost_log import CostLog
-from .end_to_end import EndToEnd, wrong_result
-from .engine_alone import EngineAloneFailed, blockers, blockers_text, from_onnx_file
+from .end_to_end import EndToEnd
+from .engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
+from .errors import OptimizeError
 from .finalists import Finalist, choose, time_finalists
 from .frontend import ModelImportError, import_model
 from .isolation import MeasureRunner
 from .measure import Measurer
 from .meters import EnergyMeter, NoEnergyMeter, energy_meter
-from .errors import OptimizeError
+from .objective import Objective
 from .optimized import OptimizedModule
 from .placement import Partition, Placement, PlacementError, place
-from .prepare import backend_set as make_backend_set
-from .prepare import Unplaceable, bound_main, dataflow_graph, reference_outputs
+from .prepare import Model, Unplaceable, dataflow_graph, prepare_model
+from .record import SAVED, KERNELS_ONLY, OP_LEVEL, SUBSTITUTED, UNPLACED, FinalistKind, FinalistName, FinalistResult, RunRecord
 from .refine import refine
 from .report import dominant_tvm_ops
-from .runner import build_vm, device_for, first_line, random_inputs, to_tensors
-from .saved import model_hash
-from .threads import pin_threads
-from .simplify import simplify as simplify_module
+from .saved import (LoggedCosts, PlacementFileError, check_backends, check_model, model_hash, partitions_of,
+                    placement_backends, read_placement, replay_substitutions, runs_file)
 from .substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .substitute import SearchResult
 from .substitute import search_in_pieces as search_substitutions
-from .objective import Objective
-from .config import Config
 from .substitute.placement_cost import PlacementCost
+from .threads import pin_threads
 from .timing import Timing
-
-# Names of finalists (placements timed end to end against each other).
-OP_LEVEL_PLACEMENT = "op-level"
-AS_TVM_RUNS_IT = "the whole model on tvm, unplaced"  # nothing to place: checked.as_tvm_runs_it
-KERNELS_ONLY_PLACEMENT = "op-level, kernels only"  # the DP without engine regions: the graph-level search's start
-SUBSTITUTED_PLACEMENT = "op-level, substituted graph"  # the DP over the graph the substitution search found
-
 
 def optimize(
     mod: tvm.IRModule,
@@ -143,7 +138,8 @@ def optimize_with(
     and the torch.compile backend call."""
     started = time.perf_counter()
     target, threads, seed = config.target, config.threads, config.seed
-    stats: dict = {"seed": seed}
+    record = RunRecord(seed=seed, objective=config.objective)
+    seconds = record.seconds
 
     def stage(what: str) -> None:  # a line per long stage, so a long optimization never looks stuck
         if config.progress:
@@ -157,67 +153,52 @@ def optimize_with(
         raise OptimizeError(str(err)) from None
     onnx_model = from_file if onnx_model is None else onnx_model
     if no_file is not None and onnx_model is None:
-        stats["engine_alone"] = {"torch's ONNX export": no_file}
-    original = bound_main(mod, params)
-    backend_set = make_backend_set(backends)
-    usable, excluded = backend_set.usable(target)
-    if not any(b.name == REFERENCE_BACKEND for b in usable):
-        raise OptimizeError("the 'tvm' backend must be among the backends: it is the fallback for every operator")
-    log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
-    if onnx_model is not None and not isinstance(onnx_model, onnx.ModelProto):
-        onnx_model = onnx.load(onnx_model)
-
-    report = None
-    prepared = original
-    if config.simplify:
-        stage("simplifying")
-        try:
-            prepared, report = simplify_module(original, report=True)
-        except Exception as err:  # noqa: BLE001 -- a TVM pass failing on this model: place it as given
-            stats["simplify_failed"] = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
+        record.left_out["torch's ONNX export"] = no_file
+    stage("preparing")
+    model = prepare_model(config, mod, backends, cost_log, params, onnx_model)
+    original, prepared, usable, backend_set, log = model.original, model.prepared, model.usable, model.backends, model.log
+    arrays = model.arrays
+    record.simplify_failed = model.simplify_failed
     try:
         graph = dataflow_graph(prepared)
     except Unplaceable as err:
-        stats.update(unplaced=str(err), unplaced_hash=model_hash(prepared["main"]), chosen=AS_TVM_RUNS_IT)
-        opt = as_tvm_runs_it(original, prepared, target, threads, seed, log, simplified=report, stats=stats, excluded=excluded)
-        stats["total_s"] = time.perf_counter() - started
-        return opt
+        record.unplaced, record.unplaced_hash, record.chosen = str(err), model_hash(prepared["main"]), UNPLACED
+        return _unplaced(model, config, record, started)
 
     t = time.perf_counter()
-    candidates = generate(graph, usable)
-    stats["candidates"] = len(candidates)
-    stats["generate_s"] = time.perf_counter() - t
+    candidates = generate(graph, usable, record.capped)
+    record.candidates = len(candidates)
+    seconds.generate = time.perf_counter() - t
 
     t = time.perf_counter()
     measurer = Measurer(BackendSet(usable), config, log, meter)
     measurer.measure_all(candidates, progress=config.progress)
-    stats["measured"] = measurer.measured
-    stats["skipped"] = dict(Counter(measurer.skipped.values()))  # {rule: how many}
-    stats["distinct"] = len({measurer.key(c) for c in candidates})
-    stats["measure_s"] = time.perf_counter() - t
+    record.measured = measurer.measured
+    record.skipped = dict(Counter(measurer.skipped.values()))
+    record.distinct = len({measurer.key(c) for c in candidates})
+    seconds.measure = time.perf_counter() - t
 
     substituted = None
     if config.substitutions:
         t = time.perf_counter()
         stage("searching graph substitutions")
-        substituted = _search_substitutions(prepared, measurer, usable, config, stats)
-        stats["substitute_s"] = time.perf_counter() - t
+        substituted = _search_substitutions(prepared, measurer, usable, config, record)
+        seconds.substitute = time.perf_counter() - t
 
     t = time.perf_counter()
     stage("placing")
     try:
-        placements, alone = _placements(graph, candidates, measurer, usable, config.graph_level, stats.setdefault("engine_alone", {}))
+        placements, alone = _placements(graph, candidates, measurer, usable, config.graph_level, record.left_out)
     except PlacementError as err:  # an operator no backend (not even TVM) could run
         raise OptimizeError(_why_unplaced(err, graph, candidates, measurer)) from None
-    stats["place_s"] = time.perf_counter() - t
-    stats["exact"] = all(p.exact for p in placements.values())
+    seconds.place = time.perf_counter() - t
+    record.exact = all(p.exact for p in placements.values())
     engines = [b for b in usable if b.kind == GRAPH_LEVEL and b.rules]
-    stats["engine_blockers"] = {e.name: blockers_text(e.name, found) for e in engines if (found := blockers(graph, e))}
+    record.engine_blockers = {e.name: blockers_text(e.name, found) for e in engines if (found := blockers(graph, e))}
 
     t = time.perf_counter()
     stage(f"assembling and checking {len(placements)} placement(s)")
-    arrays = random_inputs(original["main"], seed)
-    expected = reference_outputs(original, arrays, log, seed, target)
+    expected = model.expected
     finalists = {
         name: assemble_and_check(graph, placement, expected, arrays, backend_set, target, threads)
         for name, placement in placements.items()
@@ -225,16 +206,16 @@ def optimize_with(
     for engine, name in alone.items():
         # An engine alone that had to fall back is no longer that engine alone (and all-TVM
         # placements of a large model take seconds a call to time).
-        if name.endswith(" alone") and finalists[name].fallbacks:
-            stats["engine_alone"][engine] = f"{engine} alone fell back to tvm: {finalists.pop(name).fallbacks[0][1]}"
+        if name.kind is FinalistKind.ENGINE_ALONE and finalists[name].fallbacks:
+            record.left_out[engine] = f"{engine} alone fell back to tvm: {finalists.pop(name).fallbacks[0][1]}"
     if substituted is not None:
-        finalists[SUBSTITUTED_PLACEMENT] = _substituted_finalist(
+        finalists[SUBSTITUTED] = _substituted_finalist(
             substituted, measurer, usable, expected, arrays, backend_set, config
         )
-    if onnx_model is not None:
+    if model.onnx_model is not None:
         stage("running the ONNX file on each engine")
-        finalists.update(_engines_on_file(original, graph, usable, onnx_model, expected, arrays, config, stats))
-    stats["assemble_s"] = time.perf_counter() - t
+        finalists.update(_engines_on_file(original, graph, usable, model.onnx_model, expected, arrays, config, record.left_out))
+    seconds.assemble = time.perf_counter() - t
 
     if config.graph_level:
         t = time.perf_counter()
@@ -242,68 +223,138 @@ def optimize_with(
             end_to_end = EndToEnd(graph, BackendSet(usable), target, arrays, expected, log,
                                   f"{tvm_ffi.structural_hash(prepared):x} {target}", threads)
             engine = _best_engine(engines, alone, finalists, arrays, target)
-            start = KERNELS_ONLY_PLACEMENT if KERNELS_ONLY_PLACEMENT in finalists else OP_LEVEL_PLACEMENT
+            start = KERNELS_ONLY if KERNELS_ONLY in finalists else OP_LEVEL
             refinement = refine(finalists[start].partitions, engine, end_to_end, budget_s=config.budget_s,
                                 patience=config.patience, seed=seed, progress=config.progress)
-            stats["graph_level"] = refinement.summary()
+            record.graph_level = refinement.summary()
             end_to_end.release()
             # The search's starting point is timed already. Timed in alternation with the
             # finalists, its many small kernels of several libraries would slow them: oneDNN and
             # OpenVINO alternating cost Inception-v3's OpenVINO placement 14% (27.7 -> 31.7 ms).
-            if start == KERNELS_ONLY_PLACEMENT:
+            if start == KERNELS_ONLY:
                 del finalists[start]
                 gc.collect()
             for k, (partitions, _) in enumerate(refinement.leaders):
                 priced = _priced(partitions, measurer)
                 assembly, vm = end_to_end.build(priced, fresh=True)
-                finalists[f"graph-level #{k + 1}"] = Finalist(list(priced), assembly, vm, sum(p.cost_ms for p in priced))
+                finalists[FinalistName(FinalistKind.GRAPH_LEVEL, rank=k + 1)] = Finalist(list(priced), assembly, vm, sum(p.cost_ms for p in priced))
         else:
-            stats["graph_level"] = {"skipped": "no usable inference engine (graph-level backend) to offload to"}
-        stats["graph_level_s"] = time.perf_counter() - t
+            record.graph_level = {"skipped": "no usable inference engine (graph-level backend) to offload to"}
+        seconds.graph_level = time.perf_counter() - t
 
     t = time.perf_counter()
     stage(f"timing {len(finalists)} finalist(s) against each other")
     timed = time_finalists(finalists, arrays, target, meter=meter)
     measured = timed.costs
-    stats["finalist_timing"] = {"others_busy_cores": timed.others_busy_cores, "attempts": timed.attempts}
+    record.others_busy_cores, record.timing_attempts = timed.others_busy_cores, timed.attempts
     chosen, note = choose(measured, {name: f.simplicity for name, f in finalists.items()}, objective, timed.race)
-    stats["final_timing_s"] = time.perf_counter() - t
+    seconds.final_timing = time.perf_counter() - t
     verdicts = timed.race.verdicts() if timed.race is not None else {}
-    stats["alternatives"] = {
-        name: {"estimated_ms": f.estimated_ms, "measured_ms": measured[name].median_ms,
-               "spread_ms": measured[name].spread_ms, "energy_mj": measured[name].energy_mj,
-               "rounds": measured[name].samples}
-        | ({"paid_ms": timed.race.paid_ms(name), "verdict": verdicts[name].value} if name in verdicts else {})
+    record.finalists = {
+        name: FinalistResult(f.estimated_ms, measured[name], timed.race.paid_ms(name), verdicts[name].value)
+        if name in verdicts else FinalistResult(f.estimated_ms, measured[name])
         for name, f in finalists.items()
     }  # fmt: skip
-    stats["chosen"], stats["objective"] = chosen, str(objective)
-    if chosen == SUBSTITUTED_PLACEMENT:
-        stats["substituted"] = [list(step) for step in substituted.applied]  # how to rebuild its graph
-    if note:
-        stats["tie"] = note
-    kept = finalists[chosen]
+    record.chosen, record.tie = chosen, note
+    if chosen == SUBSTITUTED:
+        record.substituted = [list(step) for step in substituted.applied]  # how to rebuild its graph
+    return _optimized_module(model, config, finalists[chosen], measured[chosen], record, started)
+
+
+def load_placement(
+    mod: tvm.IRModule,
+    path: str | os.PathLike,
+    target: str | None = None,
+    backends: BackendSet | Iterable[Backend | str] | None = None,
+    cost_log: CostLog | str | None = None,
+    *,
+    params: Mapping[str, np.ndarray] | None = None,
+    onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
+    threads: int | None = None,
+    seed: int | None = None,
+) -> OptimizedModule:
+    """``mod`` placed as the file at ``path`` says (``collage.saved``), without measuring any
+    candidate: the stages of ``optimize`` with the placement fixed and costs from the log.
+
+    ``mod`` and ``params`` are what was given to ``optimize``; target, threads, simplification
+    and seed default to the saved ones, ``backends`` to those the placement uses. Partition
+    costs come from ``cost_log`` (unknown when the log lacks them: another machine, thread
+    count or library version). The module is checked against the unoptimized one, as
+    ``optimize`` does, and timed end to end. A placement that runs the user's ONNX file on one
+    engine (pattern ``<engine>.model``) needs that file as ``onnx_model``. Raises
+    ``PlacementFileError`` when the file does not fit ``mod``.
+    """
+    started = time.perf_counter()
+    saved = read_placement(path)
+    config = Config(target=target or saved["target"], threads=threads or saved["threads"],
+                    seed=seed if seed is not None else saved.get("seed") or 0, simplify=saved["simplify"])  # fmt: skip
+    pin_threads(config.threads)
+    model = prepare_model(config, mod, backends if backends is not None else placement_backends(saved), cost_log, params)
+    record = RunRecord(seed=config.seed, objective=config.objective, chosen=SAVED)
+    if "unplaced" in saved["model"]:
+        if saved["model"].get("hash") != model_hash(model.prepared["main"]):
+            raise PlacementFileError(f"{path}: placement was made for another model (hash {saved['model'].get('hash')})")
+        record.unplaced, record.unplaced_hash, record.chosen = saved["model"]["unplaced"], saved["model"]["hash"], UNPLACED
+        return _unplaced(model, config, record, started)
+    graph = dataflow_graph(replay_substitutions(model.prepared, saved, path))
+    check_model(graph, saved, path)
+    check_backends(saved, model.backends, model.excluded, path)
+    costs = LoggedCosts(Measurer(BackendSet(model.usable), config, model.log))
+    partitions = partitions_of(graph, saved, costs, path)
+    if runs_file(saved):
+        if onnx_model is None:
+            raise PlacementFileError(f"{path}: the placement runs the model's ONNX file on {partitions[0].backend}; give that file")
+        try:
+            kept = checked_on_file(model.original, graph, model.backends[partitions[0].backend], _onnx(onnx_model),
+                                   (model.arrays, model.expected), config.target, config.threads)  # fmt: skip
+        except EngineAloneFailed as err:
+            raise PlacementFileError(f"{path}: {err}") from None
+    else:
+        kept = assemble_and_check(graph, Placement(graph, partitions), model.expected, model.arrays, model.backends,
+                                  config.target, config.threads)  # fmt: skip
+        kept.estimated_ms = sum(p.cost_ms for p in kept.partitions if not math.isnan(p.cost_ms))
+    # Timed as optimize times its finalists, so the two commands print comparable numbers.
+    measured = time_finalists({SAVED: kept}, model.arrays, config.target).costs[SAVED]
+    return _optimized_module(model, config, kept, measured, record, started)
+
+
+def _onnx(onnx_model) -> onnx.ModelProto:
+    return onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(onnx_model)
+
+
+def _unplaced(model: Model, config: Config, record: RunRecord, started: float) -> OptimizedModule:
+    """A model with nothing to place, checked and timed as a finalist, as TVM alone runs it."""
+    kept = as_tvm_runs_it(model.original, model.prepared, model.arrays, model.expected, config.target)
+    measured = time_finalists({UNPLACED: kept}, model.arrays, config.target).costs[UNPLACED]
+    return _optimized_module(model, config, kept, measured, record, started)
+
+
+def _optimized_module(model: Model, config: Config, kept: Finalist, measured: Cost, record: RunRecord,
+                      started: float) -> OptimizedModule:
+    """The one place an ``OptimizedModule`` is made: the kept finalist, its end-to-end cost
+    and the record of how it was found."""
     partitions, estimated_ms = kept.partitions, kept.estimated_ms
     if len(partitions) == 1 and not partitions[0].cost.is_valid:
         # An engine running the user's file: no candidate of it was measured, so its cost is
         # what it measured here, end to end.
-        partitions = [dataclasses.replace(partitions[0], cost=measured[chosen])]
-        estimated_ms = measured[chosen].median_ms
-    stats["warnings"] = dominant_tvm_ops(partitions)
-    stats["total_s"] = time.perf_counter() - started
+        partitions = [dataclasses.replace(partitions[0], cost=measured)]
+        estimated_ms = measured.median_ms
+    record.warnings = dominant_tvm_ops(partitions)
+    record.seconds.total = time.perf_counter() - started
     return OptimizedModule(
         module=kept.assembly.module,
         placement=partitions,
-        target=target,
-        threads=threads,
+        target=config.target,
+        threads=config.threads,
         estimated_ms=estimated_ms,
-        measured=measured[chosen],
-        simplified=report,
-        stats=stats,
-        excluded=excluded,
+        measured=measured,
+        simplified=model.simplified,
+        record=record,
+        excluded=model.excluded,
         fallbacks=kept.fallbacks,
         _assembly=kept.assembly,
         _vm=kept.vm,
-        _params=list(original["main"].params),
+        _params=list(model.original["main"].params),
     )
 
 
@@ -320,13 +371,13 @@ def _energy_meter(config: Config, meter: EnergyMeter | None) -> EnergyMeter | No
     return meter
 
 
-def _search_substitutions(prepared, measurer, usable, config: Config, stats) -> SearchResult | None:
+def _search_substitutions(prepared, measurer, usable, config: Config, record: RunRecord) -> SearchResult | None:
     """The substitution search over ``prepared``, priced by the op-level placement under
     ``config.objective``; its result if it found a cheaper graph."""
     cost = PlacementCost(measurer, usable, config.objective)
     result = search_substitutions(prepared, SUBSTITUTIONS, cost, alpha=config.alpha, budget_s=config.substitution_budget_s)
-    stats["substitutions"] = dict(result.summary(), alpha=config.alpha, objective=str(config.objective),
-                                  measured_now=cost.measured)  # fmt: skip
+    record.substitution_search = dict(result.summary(), alpha=config.alpha, objective=str(config.objective),
+                                      measured_now=cost.measured)  # fmt: skip
     return result if result.applied else None
 
 
@@ -356,25 +407,25 @@ def _why_unplaced(err: PlacementError, graph, candidates, costs) -> str:
     return f"{err}. {graph[node].op} (node {node}) refused by {why}. {advice}"
 
 
-def _placements(graph, candidates, costs, usable, graph_level: bool, notes: dict) -> tuple[dict[str, Placement], dict[str, str]]:
+def _placements(graph, candidates, costs, usable, graph_level: bool, notes: dict) -> tuple[dict[FinalistName, Placement], dict[str, FinalistName]]:
     """The placements to assemble: the op-level DP's, and for each inference engine the whole
     model ("<engine> alone") when every op converts, else its largest regions with TVM for the
     rest ("<engine> regions"). With ``graph_level``, also the DP's placement over
     kernel-sized candidates only (no regions), where the graph-level search starts. Equal
     placements are kept once; the second result names, for each engine, the placement that
     is its own regions. Why an engine cannot run the whole model goes to ``notes``."""
-    placements: dict[str, Placement] = {}
+    placements: dict[FinalistName, Placement] = {}
 
-    def add(name: str, placement: Placement) -> str:
+    def add(name: FinalistName, placement: Placement) -> FinalistName:
         same = next((other for other, p in placements.items() if _parts(p) == _parts(placement)), None)
         if same is None:
             placements[name] = placement
         return same or name
 
-    add(OP_LEVEL_PLACEMENT, place(graph, candidates, costs, costs.transition_ms))
+    add(OP_LEVEL, place(graph, candidates, costs, costs.transition_ms))
     if graph_level:
         kernels = [c for c in candidates if not c.pattern.endswith((REGION_SUFFIX, PART_SUFFIX))]
-        add(KERNELS_ONLY_PLACEMENT, place(graph, kernels, costs, costs.transition_ms))
+        add(KERNELS_ONLY, place(graph, kernels, costs, costs.transition_ms))
     tvm_only = [c for c in candidates if c.backend == REFERENCE_BACKEND]
     alone = {}
     for backend in usable:
@@ -390,39 +441,32 @@ def _placements(graph, candidates, costs, usable, graph_level: bool, notes: dict
         if whole is not None:
             # Every engine alone is a finalist, even where the op-level answer is the same
             # placement: the report then shows each engine's own time.
-            placements[f"{backend.name} alone"] = Placement(graph, (Partition(whole, costs.cost(whole), costs.transition_ms(backend.name)),))
-            alone[backend.name] = f"{backend.name} alone"
+            name = FinalistName(FinalistKind.ENGINE_ALONE, backend.name)
+            placements[name] = Placement(graph, (Partition(whole, costs.cost(whole), costs.transition_ms(backend.name)),))
+            alone[backend.name] = name
         else:
-            alone[backend.name] = add(f"{backend.name} regions", place(graph, regions + tvm_only, costs, costs.transition_ms))
+            alone[backend.name] = add(FinalistName(FinalistKind.ENGINE_REGIONS, backend.name), place(graph, regions + tvm_only, costs, costs.transition_ms))
     return placements, alone
 
 
-def _engines_on_file(original, graph, usable, model, expected, arrays, config: Config, stats) -> dict[str, Finalist]:
+def _engines_on_file(original, graph, usable, model, expected, arrays, config: Config, notes: dict) -> dict[FinalistName, Finalist]:
     """Each inference engine that reads ONNX running the user's file whole, checked against
     the unoptimized module; one that cannot, or computes otherwise, is left out with why
-    (``stats["engine_alone"]``)."""
-    finalists, notes = {}, stats.setdefault("engine_alone", {})
+    (in ``notes``)."""
+    finalists = {}
     for backend in usable:
         if backend.kind != GRAPH_LEVEL or backend.compile_onnx is None:
             continue
         try:
-            assembly, partition = from_onnx_file(original, graph, backend, model, config.target, config.threads)
-            vm = build_vm(assembly.module, config.target)
-            problem = wrong_result(vm, to_tensors(arrays, device_for(config.target)), expected)
+            finalist = checked_on_file(original, graph, backend, model, (arrays, expected), config.target, config.threads)
         except EngineAloneFailed as err:
             notes[f"{backend.name} file"] = str(err)
             continue
-        except Exception as err:  # a library raising at build or run time leaves this finalist out
-            notes[f"{backend.name} file"] = f"{backend.name} failed running the ONNX file: {type(err).__name__}: {first_line(err)}"
-            continue
-        if problem is not None:
-            notes[f"{backend.name} file"] = f"{backend.name} on the ONNX file disagrees with the unoptimized module: {problem}"
-            continue
-        finalists[f"{backend.name} on the ONNX file"] = Finalist([partition], assembly, vm, math.nan)
+        finalists[FinalistName(FinalistKind.ENGINE_ON_FILE, backend.name)] = finalist
     return finalists
 
 
-def _best_engine(engines, alone: dict[str, str], finalists: dict[str, Finalist], arrays, target):
+def _best_engine(engines, alone: dict[str, FinalistName], finalists: dict[FinalistName, Finalist], arrays, target):
     """The inference engine to refine with: the one whose own-regions placement runs the model
     fastest (timed here against each other), else the first."""
     timed = {e.name: alone[e.name] for e in engines if alone.get(e.name) in finalists}

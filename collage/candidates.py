@@ -63,7 +63,7 @@ def match_pattern(graph: DataflowGraph, pattern: Pattern) -> Iterator[SubGraph]:
             yield match.subgraph
 
 
-def grow_rule(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
+def grow_rule(graph: DataflowGraph, rule: PatternRule, capped: dict[str, int] | None = None) -> Iterator[SubGraph]:
     """Every connected, convex group with a tensor boundary the rule can grow, each once.
 
     From each valid seed, groups grow by one valid neighbour at a time (producer or
@@ -76,7 +76,8 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
 
     Groups grow breadth first, so the smallest come first, and each seed grows at most
     ``MAX_GROUPS_PER_SEED`` of them; once the graph has grown ``GROUPS_PER_NODE`` per node,
-    ``GROUPS_PER_SEED_PAST_BUDGET`` (see there why).
+    ``GROUPS_PER_SEED_PAST_BUDGET`` (see there why). A seed stopped with groups left to grow
+    counts one in ``capped[rule.name]``, so the report can say where larger fusions went untried.
     """
     valid = [rule.valid_op(graph, node) for node in graph]
     seen: set[frozenset[int]] = set()
@@ -101,6 +102,8 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
                     if bigger.is_convex():
                         todo.append(bigger)
         grown += taken
+        if todo and capped is not None:
+            capped[rule.name] = capped.get(rule.name, 0) + 1
 
 
 def _neighbours(graph: DataflowGraph, group: SubGraph) -> list[int]:
@@ -163,18 +166,19 @@ def region_parts(region: SubGraph, cuts: int = MAX_CUTS) -> Iterator[SubGraph]:
                 yield part
 
 
-def generate(graph: DataflowGraph, backends: Iterable) -> list[Candidate]:
+def generate(graph: DataflowGraph, backends: Iterable, capped: dict[str, int] | None = None) -> list[Candidate]:
     """All candidates of ``backends`` (Backend records) on ``graph``, in a stable order:
     pattern matches, groups grown by rules and, for inference engines (graph-level
     backends), their rules' largest regions (pattern name ``<backend>.region``) and those
-    regions' parts at single-tensor cuts (``<backend>.part``)."""
+    regions' parts at single-tensor cuts (``<backend>.part``). ``capped`` gains, for each
+    rule, how many seeds stopped growing at ``grow_rule``'s cap with groups left to grow."""
     found: dict[tuple[str, str, frozenset[int]], Candidate] = {}
     for backend in backends:
         for pattern in backend.patterns:
             for sub in match_pattern(graph, pattern):
                 found.setdefault((backend.name, pattern.name, sub.nodes), Candidate(sub, backend.name, pattern.name))
         for rule in backend.rules:
-            for sub in grow_rule(graph, rule):
+            for sub in grow_rule(graph, rule, capped):
                 found.setdefault((backend.name, rule.name, sub.nodes), Candidate(sub, backend.name, rule.name))
             if backend.kind == GRAPH_LEVEL:
                 name, part_name = f"{backend.name}{REGION_SUFFIX}", f"{backend.name}{PART_SUFFIX}"

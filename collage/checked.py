@@ -9,31 +9,22 @@ import math
 from .assemble import Assembly, PartitionFailed, assemble
 from .backend import BackendSet
 from .end_to_end import wrong_result
-from .finalists import Finalist, time_finalists
 from .errors import OptimizeError
-from .optimized import OptimizedModule
+from .finalists import Finalist
 from .placement import Partition, Placement, tvm_op
-from .prepare import reference_outputs
-from .runner import build_vm, device_for, mismatch, numpy_outputs, random_inputs, run_kernel, to_tensors
+from .runner import build_vm, device_for, mismatch, numpy_outputs, run_kernel, to_tensors
 
 MAX_CHECK_ROUNDS = 3
 
 
-def as_tvm_runs_it(original, prepared, target, threads, seed, log, *, simplified, stats, excluded) -> OptimizedModule:
-    """A model with nothing to place (``prepare.Unplaceable``) as TVM alone runs it: the
-    simplified module when it computes what the unoptimized one does, else the unoptimized one,
-    checked and timed as finalists are. ``optimize`` and ``load_placement`` both end here."""
-    arrays = random_inputs(original["main"], seed)
-    expected = reference_outputs(original, arrays, log, seed, target)
+def as_tvm_runs_it(original, prepared, arrays, expected, target) -> Finalist:
+    """A model with nothing to place (``prepare.Unplaceable``) as TVM alone runs it, as a
+    finalist with no partition: the simplified module when it computes ``expected`` on
+    ``arrays`` as the unoptimized one does, else the unoptimized one."""
     module, vm = prepared, build_vm(prepared, target)
     if prepared is not original and wrong_result(vm, to_tensors(arrays, device_for(target)), expected) is not None:
         module, vm = original, build_vm(original, target)
-    measured = time_finalists({"as TVM runs it": vm}, arrays, target).costs["as TVM runs it"]
-    return OptimizedModule(
-        module=module, placement=[], target=target, threads=threads, estimated_ms=math.nan, measured=measured,
-        simplified=simplified, stats=stats, excluded=excluded, _assembly=Assembly(module), _vm=vm,
-        _params=list(original["main"].params),
-    )  # fmt: skip
+    return Finalist([], Assembly(module), vm, math.nan)
 
 
 def assemble_and_check(graph, placement: Placement, expected, arrays, backends, target, threads: int = 0) -> Finalist:

@@ -209,7 +209,8 @@ def optimize_command(args) -> int:
 def run_command(args) -> int:
     from .cost_log import CostLog
     from .frontend import load_onnx
-    from .saved import load_placement, read_placement
+    from .api import load_placement
+    from .saved import read_placement
 
     if args.model.is_dir():
         return _run_exported(args)

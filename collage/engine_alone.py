@@ -13,6 +13,8 @@ from __future__ import annotations
 import collections
 import itertools
 
+import math
+
 import onnx
 import tvm
 from tvm import relax
@@ -21,10 +23,12 @@ from .assemble import Assembly, KernelSource
 from .backend import Backend
 from .candidates import Candidate
 from .cost import Cost
+from .end_to_end import wrong_result
+from .finalists import Finalist
 from .graph import DataflowGraph
 from .onnx_convert import IR_VERSION, supports
 from .placement import Partition
-from .runner import static_shape
+from .runner import build_vm, device_for, first_line, static_shape, to_tensors
 from .subgraph import SubGraph
 
 FILE_SUFFIX = ".model"  # the pattern name of an engine running the user's file: "<backend>.model"
@@ -83,6 +87,25 @@ def from_onnx_file(
     partition = Partition(whole, Cost.unknown())
     source = KernelSource(backend.name, partition.pattern, alone=True, onnx_model=model)
     return Assembly(bb.get(), [(partition, name, kernel)], {name: source}), partition
+
+
+def checked_on_file(original: tvm.IRModule, graph: DataflowGraph, backend: Backend, model: onnx.ModelProto,
+                    check: tuple[list, list], target: str, threads: int) -> Finalist:
+    """``from_onnx_file``'s module, built and checked on ``check`` (inputs, the unoptimized
+    module's outputs on them), as a finalist. Raises ``EngineAloneFailed`` saying why not: the
+    engine refuses the file, fails running it, or computes otherwise."""
+    try:
+        assembly, partition = from_onnx_file(original, graph, backend, model, target, threads)
+        vm = build_vm(assembly.module, target)
+        arrays, expected = check
+        problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected)
+    except EngineAloneFailed:
+        raise
+    except Exception as err:  # a library raising at build or run time: this finalist cannot be
+        raise EngineAloneFailed(f"{backend.name} failed running the ONNX file: {type(err).__name__}: {first_line(err)}") from None
+    if problem is not None:
+        raise EngineAloneFailed(f"{backend.name} on the ONNX file disagrees with the unoptimized module: {problem}")
+    return Finalist([partition], assembly, vm, math.nan)
 
 
 def _with_static_inputs(model: onnx.ModelProto, main: relax.Function) -> onnx.ModelProto:

@@ -38,8 +38,9 @@ from tvm import relax
 from .backend import Backend, BackendSet, default_backends, installed_version
 from .cost import Device
 from .onnx_convert import to_onnx
-from .threads import pin_threads
 from .runner import compile_kernel, compile_onnx_kernel, device_for, input_tensors, random_array, static_shape, to_numpy, to_tensors
+from .saved import placement_record
+from .threads import pin_threads
 
 FORMAT = "collage-export"
 VERSION = 1
@@ -62,7 +63,6 @@ class ExportWarning(UserWarning):
 def export(opt, path: str | os.PathLike) -> Path:
     """Write the optimized module ``opt`` (an ``OptimizedModule``) to the directory ``path``
     (created; files of an earlier export there are replaced); returns the path."""
-    from .saved import placement_record
 
     path = Path(path)
     if path.exists() and not path.is_dir():

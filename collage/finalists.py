@@ -244,8 +244,8 @@ def choose(
     libraries, partitions = simplicity[chosen]
     what = "the fastest" if objective.is_time else f"the best for {objective}"
     return chosen, (
-        f"kept {chosen!r} ({libraries} librar{'y' if libraries == 1 else 'ies'}, {partitions} partition(s)): "
-        f"within noise of {what}, {best!r} ({worse:+.1%}), and simpler"
+        f"kept '{chosen}' ({libraries} librar{'y' if libraries == 1 else 'ies'}, {partitions} partition(s)): "
+        f"within noise of {what}, '{best}' ({worse:+.1%}), and simpler"
     )
 
 
@@ -255,8 +255,8 @@ def _steadier_note(chosen: str, measured: dict[str, Cost], race: Race) -> str | 
     if lowest == chosen or race.verdict(lowest, chosen) is Verdict.EQUIVALENT:
         return None
     return (
-        f"kept {chosen!r} over {lowest!r}: its median is {measured[chosen].median_ms:.3f} ms against "
-        f"{measured[lowest].median_ms:.3f}, but {lowest!r}'s slow blocks (upper quartile {race.paid_ms(lowest):.3f} ms "
+        f"kept '{chosen}' over '{lowest}': its median is {measured[chosen].median_ms:.3f} ms against "
+        f"{measured[lowest].median_ms:.3f}, but '{lowest}''s slow blocks (upper quartile {race.paid_ms(lowest):.3f} ms "
         f"against {race.paid_ms(chosen):.3f}, over {len(race.blocks(lowest))} rounds) cost a user more"
     )
 

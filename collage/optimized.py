@@ -9,9 +9,13 @@ from tvm import relax
 
 from .assemble import Assembly, bound_main
 from .cost import Cost
+from .draw import draw
+from .exported import export
 from .placement import Partition
+from .record import RunRecord
 from .report import backend_totals, format_report
 from .runner import device_for, input_tensors, static_shape, to_numpy
+from .saved import save_placement
 from .simplify import SimplifyReport
 
 
@@ -26,7 +30,7 @@ class OptimizedModule:
     estimated_ms: float  # the DP's sum of measured candidate and transition costs
     measured: Cost  # the assembled module end to end
     simplified: SimplifyReport | None
-    stats: dict = field(default_factory=dict)  # candidates, measurements, timings of each stage
+    record: RunRecord = field(default_factory=RunRecord)  # what optimize did, stage by stage
     excluded: dict[str, str] = field(default_factory=dict)  # backend -> why it was not used
     fallbacks: list[tuple[Partition, str]] = field(default_factory=list)
     _assembly: Assembly | None = field(default=None, repr=False)
@@ -70,21 +74,15 @@ class OptimizedModule:
     def save_placement(self, path):
         """Write the placement as JSON (``collage.saved``), for ``collage.load_placement`` and
         ``collage run`` to rebuild this module without measuring; returns the path."""
-        from .saved import save_placement
-
         return save_placement(self, path)
 
     def export(self, path):
         """Write this module to the directory ``path`` (``collage.exported``), for
         ``collage.load`` to run it elsewhere without measuring or compiling; returns the path."""
-        from .exported import export
-
         return export(self, path)
 
     def draw(self, path):
         """Draw the graph with each partition in its backend's colour (``collage.draw``): DOT
         for ``.dot``, rendered by Graphviz for ``.svg``/``.png``/``.pdf``; returns the path."""
-        from .draw import draw
-
         return draw(self, path)
 

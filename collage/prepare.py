@@ -1,21 +1,80 @@
 """The model as every stage takes it: ``main`` with its weights bound and static tensor
-inputs, the backends asked for, the graph to place, and the unoptimized outputs that every
-assembled module is checked against. ``optimize`` and ``load_placement`` both start here."""
+inputs, simplified, the backends asked for, the graph to place, and the unoptimized outputs
+that every assembled module is checked against. ``optimize`` and ``load_placement`` both
+start here (``prepare_model``)."""
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import tvm
 import tvm_ffi
 from tvm import relax
 
-from .backend import Backend, BackendSet, default_backends
+from .backend import REFERENCE_BACKEND, Backend, BackendSet, default_backends
+from .config import Config
 from .cost_log import CostLog
-from .graph import DataflowGraph
 from .errors import OptimizeError
-from .runner import build_vm, device_for, first_line, numpy_outputs, reference_vm, static_shape, to_tensors
+from .graph import DataflowGraph
+from .runner import build_vm, device_for, first_line, numpy_outputs, random_inputs, reference_vm, static_shape, to_tensors
+from .simplify import SimplifyReport, simplify
+
+
+@dataclass
+class Model:
+    """The model as every stage takes it."""
+
+    original: tvm.IRModule  # bound, unoptimized: what every assembled module is checked against
+    prepared: tvm.IRModule  # simplified (unless the config says not to, or simplifying failed)
+    simplified: SimplifyReport | None
+    simplify_failed: str | None  # why it is placed as given
+    backends: BackendSet  # those asked for
+    usable: list[Backend]  # those of them that run here
+    excluded: dict[str, str]  # the others, with why
+    log: CostLog
+    onnx_model: onnx.ModelProto | None  # the file the model came from, for the engines to run whole
+    config: Config
+    arrays: list[np.ndarray]  # seeded inputs
+
+    @functools.cached_property
+    def expected(self) -> list[np.ndarray]:
+        """The unoptimized module's outputs on ``arrays`` (from the log, else run once), asked
+        for when the first module is checked: a model TVM cannot run gets the placement's own
+        error first, which names the operator."""
+        return reference_outputs(self.original, self.arrays, self.log, self.config.seed, self.config.target)
+
+
+def prepare_model(
+    config: Config,
+    mod: tvm.IRModule,
+    backends: BackendSet | Iterable[Backend | str] | None,
+    cost_log: CostLog | str | os.PathLike | None,
+    params: Mapping[str, np.ndarray] | None = None,
+    onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
+) -> Model:
+    """Bind, check and simplify ``mod``; gather the backends and the log; draw the seeded
+    inputs. ``OptimizeError`` for input it cannot take."""
+    original = bound_main(mod, params)
+    asked = backend_set(backends)
+    usable, excluded = asked.usable(config.target)
+    if not any(b.name == REFERENCE_BACKEND for b in usable):
+        raise OptimizeError("the 'tvm' backend must be among the backends: it is the fallback for every operator")
+    log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
+    if onnx_model is not None and not isinstance(onnx_model, onnx.ModelProto):
+        onnx_model = onnx.load(onnx_model)
+    prepared, report, failed = original, None, None
+    if config.simplify:
+        try:
+            prepared, report = simplify(original, report=True)
+        except Exception as err:  # noqa: BLE001 -- a TVM pass failing on this model: place it as given
+            failed = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
+    arrays = random_inputs(original["main"], config.seed)
+    return Model(original, prepared, report, failed, asked, usable, excluded, log, onnx_model, config, arrays)
 
 def bound_main(mod, params: Mapping[str, np.ndarray] | None) -> tvm.IRModule:
     """``mod`` with ``params`` bound into ``main``, checked to take static tensor inputs only."""

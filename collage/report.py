@@ -6,6 +6,7 @@ import math
 from typing import NamedTuple
 
 from .finalists import MAX_OTHERS_BUSY
+from .record import OP_LEVEL, FinalistKind, FinalistName, FinalistResult, RunRecord
 
 MAX_OPS_SHOWN = 4
 # A TVM partition taking more than this share of the model's time, untuned, is worth a warning.
@@ -56,12 +57,12 @@ def _skipped_text(skipped: dict[str, int]) -> str:
     return f"{sum(skipped.values())} not measured ({'; '.join(f'{n}: {rule}' for rule, n in skipped.items())}), "
 
 
-def graph_level_text(g: dict, alternatives: dict) -> str:
+def graph_level_text(g: dict, finalists: dict[FinalistName, FinalistResult]) -> str:
     """The graph-level search in a few lines, with the op-level and refined latencies side by side."""
     if "skipped" in g:
         return f"graph-level refinement skipped: {g['skipped']}"
-    op_level = alternatives.get("op-level", {}).get("measured_ms", math.nan)
-    refined = [a["measured_ms"] for name, a in alternatives.items() if name.startswith("graph-level")]
+    op_level = finalists[OP_LEVEL].measured.median_ms if OP_LEVEL in finalists else math.nan
+    refined = [f.measured.median_ms for name, f in finalists.items() if name.kind is FinalistKind.GRAPH_LEVEL]
     best = min(refined) if refined else math.nan
     return "\n".join([
         (
@@ -118,8 +119,9 @@ def format_report(opt) -> str:
         "",
         f"{'#':>3}  {'backend':<12} {'pattern':<26} {'ms':>9}  ops",
     ]
-    if "unplaced" in opt.stats:
-        lines.append(f"    nothing placed: {opt.stats['unplaced']}; the whole model runs on tvm, as TVM alone runs it")
+    r: RunRecord = opt.record
+    if r.unplaced is not None:
+        lines.append(f"    nothing placed: {r.unplaced}; the whole model runs on tvm, as TVM alone runs it")
     for k, p in enumerate(parts):
         cost = "-" if math.isnan(p.cost_ms) else f"{p.cost_ms:9.4f}"
         lines.append(f"{k:>3}  {p.backend:<12} {p.pattern:<26} {cost:>9}  {ops_text(p.ops)}")
@@ -138,52 +140,47 @@ def format_report(opt) -> str:
             f"measured {m.median_ms:.3f} ms ± {m.spread_ms:.2g} (median of {m.samples})"
         ),
     ]
-    s = opt.stats
-    alternatives = s.get("alternatives", {})
-    if len(alternatives) > 1:
-        if any("paid_ms" in a for a in alternatives.values()):
-            rule = ("the one a user pays least for leads (lowest upper quartile of its blocks); "
-                    "of those equivalent to it round by round, the simplest is kept")  # fmt: skip
-        elif s.get("objective", "time") == "time":
-            rule = "the fastest is kept; of those within noise, the simplest"
-        else:
-            rule = f"the best for {s['objective']} is kept; of those within noise, the simplest"
-        lines += ["", f"placements timed end to end ({rule}):"]
-        for name, a in alternatives.items():
-            mark = "  <- kept" if name == s.get("chosen") else ""
-            estimated = "-" if not math.isfinite(a["estimated_ms"]) else f"{a['estimated_ms']:.3f}"
-            spread = f" ± {a['spread_ms']:.2g}" if "spread_ms" in a else ""
-            paid = f", upper quartile {a['paid_ms']:.3f} over {a['rounds']} rounds ({a['verdict']})" if "paid_ms" in a else ""
-            energy = f", {a['energy_mj']:.3g} mJ" if a.get("energy_mj") is not None else ""
+    if len(r.finalists) > 1:
+        lines += ["", f"placements timed end to end ({_choice_rule(r)}):"]
+        for name, f in r.finalists.items():
+            mark = "  <- kept" if name == r.chosen else ""
+            estimated = "-" if not math.isfinite(f.estimated_ms) else f"{f.estimated_ms:.3f}"
+            m = f.measured
+            paid = f", upper quartile {f.paid_ms:.3f} over {m.samples} rounds ({f.verdict})" if f.paid_ms is not None else ""
+            energy = f", {m.energy_mj:.3g} mJ" if m.energy_mj is not None else ""
             lines.append(
-                f"  {name:<30} estimated {estimated:>9} ms, measured {a['measured_ms']:9.3f} ms{spread}{paid}{energy}{mark}"
+                f"  {str(name):<30} estimated {estimated:>9} ms, measured {m.median_ms:9.3f} ms ± {m.spread_ms:.2g}{paid}{energy}{mark}"
             )
-        if "tie" in s:
-            lines.append(f"  {s['tie']}")
-        busy = s.get("finalist_timing", {}).get("others_busy_cores")
-        if busy is not None and busy > MAX_OTHERS_BUSY:
+        if r.tie:
+            lines.append(f"  {r.tie}")
+        if r.others_busy_cores is not None and r.others_busy_cores > MAX_OTHERS_BUSY:
             lines.append(
-                f"  warning: other processes kept {busy:.2f} cores busy while these were timed "
-                f"({s['finalist_timing']['attempts']} attempts): the choice may be off; optimize again when the machine is quiet"
+                f"  warning: other processes kept {r.others_busy_cores:.2f} cores busy while these were timed "
+                f"({r.timing_attempts} attempts): the choice may be off; optimize again when the machine is quiet"
             )
-    if "simplify_failed" in s:
-        lines.append(f"note: {s['simplify_failed']}")
-    for text in (*s.get("engine_blockers", {}).values(), *s.get("engine_alone", {}).values()):
+    if r.simplify_failed:
+        lines.append(f"note: {r.simplify_failed}")
+    for text in (*r.engine_blockers.values(), *r.left_out.values()):
         lines.append(f"note: {text}")
-    for warning in s.get("warnings", ()):
-        lines.append(f"warning: {warning}")
-    if "graph_level" in s:
-        lines += ["", graph_level_text(s["graph_level"], alternatives)]
-    if "substitutions" in s:
-        lines += ["", substitutions_text(s["substitutions"], kept="substituted" in s)]
-    if s:
+    for rule, seeds in r.capped.items():
         lines.append(
-            f"optimization: {s.get('candidates', 0)} candidates ({s.get('distinct', 0)} distinct), "
-            f"{s.get('measured', 0)} measured now, {_skipped_text(s.get('skipped', {}))}the rest from the cost log; "
-            f"{s.get('total_s', 0):.1f} s in all "
-            f"(measuring {s.get('measure_s', 0):.1f} s, placing {s.get('place_s', 0):.1f} s, "
-            f"assembling and checking {s.get('assemble_s', 0):.1f} s)"
-            + ("" if s.get("exact", True) else "; placement searched at the lowest frontier node only (state cap)")
+            f"note: the pattern generator stopped growing {seeds} seed(s) of {rule} at its cap (candidates.MAX_GROUPS_PER_SEED, "
+            "fewer on large graphs): larger fusions there were not tried"
+        )
+    for warning in r.warnings:
+        lines.append(f"warning: {warning}")
+    if r.graph_level is not None:
+        lines += ["", graph_level_text(r.graph_level, r.finalists)]
+    if r.substitution_search is not None:
+        lines += ["", substitutions_text(r.substitution_search, kept=bool(r.substituted))]
+    if r.candidates:
+        lines.append(
+            f"optimization: {r.candidates} candidates ({r.distinct} distinct), "
+            f"{r.measured} measured now, {_skipped_text(r.skipped)}the rest from the cost log; "
+            f"{r.seconds.total:.1f} s in all "
+            f"(measuring {r.seconds.measure:.1f} s, placing {r.seconds.place:.1f} s, "
+            f"assembling and checking {r.seconds.assemble:.1f} s)"
+            + ("" if r.exact else "; placement searched at the lowest frontier node only (state cap)")
         )
     if opt.fallbacks:
         lines += ["", "fell back to tvm:"]
@@ -199,3 +196,13 @@ def format_report(opt) -> str:
             + (f" ({', '.join(fired)})" if fired else ""),
         ]
     return "\n".join(lines)
+
+
+def _choice_rule(r: RunRecord) -> str:
+    """How the kept finalist was chosen, in words."""
+    if any(f.paid_ms is not None for f in r.finalists.values()):
+        return ("the one a user pays least for leads (lowest upper quartile of its blocks); "
+                "of those equivalent to it round by round, the simplest is kept")  # fmt: skip
+    if r.objective.is_time:
+        return "the fastest is kept; of those within noise, the simplest"
+    return f"the best for {r.objective} is kept; of those within noise, the simplest"

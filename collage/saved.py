@@ -1,12 +1,12 @@
 """Saved placements: what ``optimize`` chose, as a JSON file, and the module rebuilt from it.
 
 ``save_placement`` writes which backend runs which operators, with the model's structural
-hash, so the placement can be used again without measuring. ``load_placement`` binds and
-simplifies the model as ``optimize`` did (and replays the graph substitutions its placement
-was made over, if any), checks it is the model the placement was made for,
-rebuilds each partition from its node set (any set: the graph-level search hands engines
-regions no generator produced), reads the costs from the cost log and measures none, then
-assembles the module, checks it against the unoptimized one and times it end to end.
+hash, so the placement can be used again without measuring. ``collage.load_placement`` (in
+``collage.api``: the stages of ``optimize`` with the placement fixed) reads it back here:
+``read_placement``, the substitutions to replay (``replay_substitutions``), the checks that
+it is the model the placement was made for (``check_model``, ``check_backends``), and each
+partition from its node set with its logged costs (``partitions_of``: any set, since the
+graph-level search hands engines regions no generator produced).
 
 The file is plain JSON::
 
@@ -20,41 +20,29 @@ The file is plain JSON::
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import tvm
 import tvm_ffi
 
-import onnx
-
-from .backend import REFERENCE_BACKEND, Backend, BackendSet, default_backends
+from .backend import REFERENCE_BACKEND, BackendSet, default_backends
 from .candidates import Candidate
-from .checked import as_tvm_runs_it, assemble_and_check
 from .cost import Cost
-from .cost_log import CostLog
-from .engine_alone import FILE_SUFFIX, EngineAloneFailed, from_onnx_file
-from .finalists import Finalist, time_finalists
+from .errors import OptimizeError
+from .engine_alone import FILE_SUFFIX
 from .graph import DataflowGraph
 from .measure import Measurer
-from .threads import pin_threads
-from .config import Config
-from .errors import OptimizeError
-from .optimized import OptimizedModule
-from .placement import Partition, Placement
-from .prepare import backend_set as make_backend_set
-from .prepare import bound_main, dataflow_graph, reference_outputs
-from .end_to_end import wrong_result
-from .runner import build_vm, device_for, random_inputs, to_tensors
-from .simplify import simplify as simplify_module
+from .placement import Partition
 from .subgraph import SubGraph
 from .substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .substitute import Step, replay
+
+if TYPE_CHECKING:
+    from .optimized import OptimizedModule
 
 FORMAT = "collage-placement"
 VERSION = 1
@@ -81,7 +69,7 @@ def placement_record(opt: OptimizedModule) -> dict:
         graph = opt.placement[0].candidate.subgraph.graph
         model = {"hash": model_hash(graph.func), "ops": len(graph)}
     else:  # nothing was placeable: the record says why, and rebuilding runs TVM as optimize did
-        model = {"hash": opt.stats["unplaced_hash"], "ops": 0, "unplaced": opt.stats["unplaced"]}
+        model = {"hash": opt.record.unplaced_hash, "ops": 0, "unplaced": opt.record.unplaced}
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -90,8 +78,8 @@ def placement_record(opt: OptimizedModule) -> dict:
         "threads": opt.threads,
         "simplify": opt.simplified is not None,
         # The substitutions of the graph the partitions index, as (rule, nodes) steps in order.
-        "substitutions": opt.stats.get("substituted", []),
-        "seed": opt.stats.get("seed"),  # None when optimize did not record it; any seed rebuilds
+        "substitutions": opt.record.substituted,
+        "seed": opt.record.seed,
         "estimated_ms": _json_number(opt.estimated_ms),
         "measured_ms": _json_number(opt.measured.median_ms),
         "partitions": [
@@ -158,121 +146,15 @@ def _is_partition(entry) -> bool:
     )
 
 
-def load_placement(
-    mod: tvm.IRModule,
-    path: str | os.PathLike,
-    target: str | None = None,
-    backends: BackendSet | Iterable[Backend | str] | None = None,
-    cost_log: CostLog | str | None = None,
-    *,
-    params: Mapping[str, np.ndarray] | None = None,
-    onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
-    threads: int | None = None,
-    seed: int | None = None,
-) -> OptimizedModule:
-    """``mod`` placed as the file at ``path`` says, without measuring any candidate.
-
-    ``mod`` and ``params`` are what was given to ``optimize``; target, threads, simplification
-    and seed default to the saved ones, ``backends`` to those the placement uses. Partition
-    costs come from ``cost_log`` (unknown when the log lacks them: another machine, thread
-    count or library version). The module is checked against the unoptimized one, as
-    ``optimize`` does, and timed end to end. A placement that runs the user's ONNX file on one
-    engine (pattern ``<engine>.model``) needs that file as ``onnx_model``. Raises
-    ``PlacementFileError`` when the file does not fit ``mod``.
-    """
-    record = read_placement(path)
-    config = Config(target=target or record["target"], threads=threads or record["threads"],
-                    seed=seed if seed is not None else record.get("seed") or 0, simplify=record["simplify"])  # fmt: skip
-    target, threads, seed = config.target, config.threads, config.seed
-    pin_threads(threads)
-    original = bound_main(mod, params)
-    backend_set = make_backend_set(backends if backends is not None else _placement_backends(record))
-    usable, excluded = backend_set.usable(target)
-
-    report, prepared = None, original
-    if record["simplify"]:
-        prepared, report = simplify_module(original, report=True)
-    if "unplaced" in record["model"]:
-        return _unplaced(original, prepared, record, path, target, threads, seed, cost_log, report, excluded)
-    if record.get("substitutions"):
-        try:
-            prepared = replay(prepared, [Step(rule, tuple(nodes), k) for rule, nodes, k in record["substitutions"]], SUBSTITUTIONS)
-        except (ValueError, TypeError) as err:
-            raise PlacementFileError(f"{path}: its graph substitutions do not fit this model: {err}") from None
-    graph = dataflow_graph(prepared)
-    _check_model(graph, record, path)
-    _check_backends(record, backend_set, excluded, path)
-
-    log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
-    costs = LoggedCosts(Measurer(BackendSet(usable), config, log))
-    partitions = tuple(_partition(graph, entry, costs) for entry in record["partitions"])
-    _check_cover(graph, partitions, path)
-
-    arrays = random_inputs(original["main"], seed)
-    expected = reference_outputs(original, arrays, log, seed, target)
-    if _runs_file(record):
-        backend = backend_set[record["partitions"][0]["backend"]]
-        built = _on_file(original, graph, backend, onnx_model, (arrays, expected), config, path)
-    else:
-        built = assemble_and_check(graph, Placement(graph, partitions), expected, arrays, backend_set, target, threads)
-    # Timed as optimize times its finalists, so the two commands print comparable numbers.
-    measured = time_finalists({"placement": built}, arrays, target).costs["placement"]
-    partitions = built.partitions
-    if _runs_file(record):  # no candidate of it was measured: its cost is its time here, as in optimize
-        partitions = [dataclasses.replace(partitions[0], cost=measured)]
-    return OptimizedModule(
-        module=built.assembly.module,
-        placement=partitions,
-        target=target,
-        threads=threads,
-        estimated_ms=sum(p.cost_ms for p in partitions if not math.isnan(p.cost_ms)),
-        measured=measured,
-        simplified=report,
-        stats={},  # nothing generated or measured: the report's optimization line does not apply
-        excluded=excluded,
-        fallbacks=built.fallbacks,
-        _assembly=built.assembly,
-        _vm=built.vm,
-        _params=list(original["main"].params),
-    )
-
-
-def _unplaced(original, prepared, record, path, target, threads, seed, cost_log, report, excluded) -> OptimizedModule:
-    """A model optimize found nothing to place in, run as TVM alone runs it (as optimize did)."""
-    if record["model"].get("hash") != model_hash(prepared["main"]):
-        raise PlacementFileError(f"{path}: placement was made for another model (hash {record['model'].get('hash')})")
-    log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
-    return as_tvm_runs_it(original, prepared, target, threads, seed, log, simplified=report,
-                          stats={"unplaced": record["model"]["unplaced"]}, excluded=excluded)  # fmt: skip
-
-
-def _runs_file(record: dict) -> bool:
+def runs_file(record: dict) -> bool:
+    """Whether the placement runs the user's ONNX file whole on one engine."""
     parts = record["partitions"]
     return len(parts) == 1 and parts[0]["pattern"] == f"{parts[0]['backend']}{FILE_SUFFIX}"
 
 
-def _on_file(original, graph, backend, onnx_model, check, config: Config, path) -> Finalist:
-    """The saved placement that runs the user's ONNX file whole on one engine, rebuilt and
-    checked on ``check`` (inputs, expected outputs)."""
-    if onnx_model is None:
-        raise PlacementFileError(f"{path}: the placement runs the model's ONNX file on {backend.name}; give that file")
-    if not isinstance(onnx_model, onnx.ModelProto):
-        onnx_model = onnx.load(onnx_model)
-    try:
-        assembly, partition = from_onnx_file(original, graph, backend, onnx_model, config.target, config.threads)
-    except EngineAloneFailed as err:
-        raise PlacementFileError(f"{path}: {err}") from None
-    vm = build_vm(assembly.module, config.target)
-    arrays, expected = check
-    problem = wrong_result(vm, to_tensors(arrays, device_for(config.target)), expected)
-    if problem is not None:
-        raise OptimizeError(f"{backend.name} on the ONNX file disagrees with the unoptimized module: {problem}")
-    return Finalist([partition], assembly, vm, math.nan)
-
-
-def _placement_backends(record: dict) -> list[str]:
+def placement_backends(record: dict) -> list[str]:
     """The registered backends the placement runs on, and TVM, which every fallback needs
-    (``_check_backends`` names any that is not registered)."""
+    (``check_backends`` names any that is not registered)."""
     named = {REFERENCE_BACKEND} | {entry["backend"] for entry in record["partitions"]}
     return sorted(named & set(default_backends().names()))
 
@@ -308,7 +190,7 @@ def _partition(graph: DataflowGraph, entry: dict, costs: LoggedCosts) -> Partiti
     return Partition(candidate, cost, 0.0 if cost.is_unknown else transition)
 
 
-def _check_model(graph: DataflowGraph, record: dict, path) -> None:
+def check_model(graph: DataflowGraph, record: dict, path) -> None:
     """The model is the one the placement was made for: same hash, same op at every node."""
     saved = record["model"]
     if saved.get("hash") != model_hash(graph.func) or saved.get("ops") != len(graph):
@@ -327,7 +209,7 @@ def _check_model(graph: DataflowGraph, record: dict, path) -> None:
             )
 
 
-def _check_backends(record: dict, backend_set: BackendSet, excluded: dict[str, str], path) -> None:
+def check_backends(record: dict, backend_set: BackendSet, excluded: dict[str, str], path) -> None:
     for name in sorted({entry["backend"] for entry in record["partitions"]}):
         if name not in backend_set.names():
             raise PlacementFileError(
@@ -337,6 +219,24 @@ def _check_backends(record: dict, backend_set: BackendSet, excluded: dict[str, s
             raise PlacementFileError(
                 f"{path}: the placement uses backend {name!r}, which cannot run here: {excluded[name]}"
             )
+
+
+def partitions_of(graph: DataflowGraph, record: dict, costs: LoggedCosts, path) -> tuple[Partition, ...]:
+    """The saved partitions on ``graph``, costs from the log, checked to cover it in an order
+    that runs."""
+    partitions = tuple(_partition(graph, entry, costs) for entry in record["partitions"])
+    _check_cover(graph, partitions, path)
+    return partitions
+
+
+def replay_substitutions(prepared: tvm.IRModule, record: dict, path) -> tvm.IRModule:
+    """``prepared`` with the graph substitutions the placement was made over, replayed."""
+    if not record.get("substitutions"):
+        return prepared
+    try:
+        return replay(prepared, [Step(rule, tuple(nodes), k) for rule, nodes, k in record["substitutions"]], SUBSTITUTIONS)
+    except (ValueError, TypeError) as err:
+        raise PlacementFileError(f"{path}: its graph substitutions do not fit this model: {err}") from None
 
 
 def _check_cover(graph: DataflowGraph, partitions: tuple[Partition, ...], path) -> None:

@@ -87,7 +87,7 @@ def exported_entry(w: models.Workload, reference, threads: int) -> dict:
         size_mb = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / 2**20
         record = loaded_in_fresh_process(directory, [x.numpy() for x in w.inputs], threads)
     return {
-        "kept": opt.stats.get("chosen"), "optimize_s": round(optimize_s, 1), "export_s": round(export_s, 2),
+        "kept": str(opt.record.chosen), "optimize_s": round(optimize_s, 1), "export_s": round(export_s, 2),
         "size_mb": round(size_mb, 1), "optimized_ms": round(opt.measured.median_ms, 3),
         **{k: v for k, v in record.items() if k != "outputs"},
         "max_rel_err": max_relative_error(record["outputs"], reference),
@@ -123,8 +123,8 @@ def torch_compile_entry(w: models.Workload, reference, threads: int) -> dict:
         )  # fmt: skip
     return {
         "first_call_s": round(first_s, 1), "max_rel_err": max_relative_error(outputs, reference),
-        "graphs": len(made), "measured_now": sum(opt.stats.get("measured", 0) for opt in made),
-        "kept": [opt.stats.get("chosen") for opt in made],
+        "graphs": len(made), "measured_now": sum(opt.record.measured for opt in made),
+        "kept": [str(opt.record.chosen) for opt in made],
         "compiled_ms": round(costs["collage"].median_ms, 3), "eager_ms": round(costs["eager"].median_ms, 3),
     }  # fmt: skip
 

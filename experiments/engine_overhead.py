@@ -57,11 +57,11 @@ def contenders(w: models.Workload, engine: str, threads: int) -> dict:
     original = w.relax
     graph = DataflowGraph(collage.simplify(original)["main"])
     whole = Partition(Candidate(SubGraph(graph, frozenset(range(len(graph)))), engine, f"{engine}.region"), Cost.of(1.0))
-    modules = {"file": from_onnx_file(original, graph, backend, w.onnx, "llvm")[0]}
-    modules["converted"] = assemble(graph, [whole], BackendSet([backend]))
+    modules = {"file": from_onnx_file(original, graph, backend, w.onnx, "llvm", threads)[0]}
+    modules["converted"] = assemble(graph, [whole], BackendSet([backend]), threads=threads)
     # A second partition of another library, however cheap, makes the engine's kernel one
     # among others: the setting a mixed placement gets.
-    modules["converted, spinning stops"] = _among_others(graph, whole, backend)
+    modules["converted, spinning stops"] = _among_others(graph, whole, backend, threads)
     inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
     reference = w.reference()
     calls = {"native": NATIVE[engine](w, threads).run}
@@ -76,7 +76,7 @@ def contenders(w: models.Workload, engine: str, threads: int) -> dict:
     return calls
 
 
-def _among_others(graph, whole, backend):
+def _among_others(graph, whole, backend, threads):
     from collage.assemble import assemble
     from collage.backend import BackendSet
     from collage.runner import compile_kernel
@@ -84,7 +84,8 @@ def _among_others(graph, whole, backend):
     kernel, reason = compile_kernel(backend, whole.candidate.subgraph.extract(), whole.pattern, "llvm", threads, alone=False)
     if reason is not None:
         raise SystemExit(reason)
-    return assemble(graph, [whole], BackendSet([backend]), compiled={(whole.backend, whole.pattern, whole.nodes, True): (kernel, None)})
+    return assemble(graph, [whole], BackendSet([backend]), compiled={(whole.backend, whole.pattern, whole.nodes, True): (kernel, None)},
+                    threads=threads)
 
 
 def measure(name: str, threads: int, rounds: int) -> dict:

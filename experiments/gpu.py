@@ -112,10 +112,10 @@ def run_model(name: str, cost_log: str, energy: bool) -> dict:
     entry["optimize_s"] = round(time.perf_counter() - started, 1)
     entry["report"] = opt.report()
     print(entry["report"], flush=True)
-    entry["measured_candidates"] = opt.stats["measured"]
-    entry["chosen"] = opt.stats["chosen"]
+    entry["measured_candidates"] = opt.record.measured
+    entry["chosen"] = str(opt.record.chosen)
     entry["backend_shares"] = {b: round(s, 4) for b, s in opt.backend_shares().items()}
-    entry["finalists_ms"] = {n: round(a["measured_ms"], 4) for n, a in opt.stats["alternatives"].items()}
+    entry["finalists_ms"] = {str(n): round(f.measured.median_ms, 4) for n, f in opt.record.finalists.items()}
     tensors = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
     contenders = {"collage": opt.bind(*tensors)}
     errors = {}
@@ -157,13 +157,13 @@ def energy_beside_time(w: models.Workload, cost_log: str) -> dict:
     for objective in ("time", "energy"):
         opt = collage.optimize(w.relax, target="cuda", cost_log=cost_log, substitutions=True,
                                objective=objective, meter=meter)
-        chosen = opt.stats["chosen"]
+        chosen = str(opt.record.chosen)
         found[objective] = {
             "chosen": chosen,
             "backend_shares": {b: round(s, 4) for b, s in opt.backend_shares().items()},
-            "finalists": {n: {"ms": round(a["measured_ms"], 4),
-                              "mj": None if a["energy_mj"] is None else round(a["energy_mj"], 4)}
-                          for n, a in opt.stats["alternatives"].items()},
+            "finalists": {str(n): {"ms": round(f.measured.median_ms, 4),
+                                   "mj": None if f.measured.energy_mj is None else round(f.measured.energy_mj, 4)}
+                          for n, f in opt.record.finalists.items()},
         }
     return found
 

@@ -29,6 +29,7 @@ def one(model: str, budget_s: float, patience: int, threads: int, seed: int) -> 
 
     pin_threads(threads)
     import collage
+    from collage.record import OP_LEVEL, FinalistKind
     from experiments import models
 
     w = models.load(model)
@@ -37,9 +38,10 @@ def one(model: str, budget_s: float, patience: int, threads: int, seed: int) -> 
                             patience=patience, seed=seed)
     wall = time.perf_counter() - start
     print(opt.report(), file=sys.stderr)
-    timed = opt.stats["alternatives"]
-    refined = {name: a["measured_ms"] for name, a in timed.items() if name.startswith("graph-level")}
-    op_level = timed["op-level"]["measured_ms"]
+    timed = {str(name): f.measured.median_ms for name, f in opt.record.finalists.items()}
+    refined = {str(name): f.measured.median_ms for name, f in opt.record.finalists.items()
+               if name.kind is FinalistKind.GRAPH_LEVEL}  # fmt: skip
+    op_level = opt.record.finalists[OP_LEVEL].measured.median_ms
     best_refined = min(refined.values()) if refined else float("nan")
     return {
         "threads": threads,
@@ -49,10 +51,10 @@ def one(model: str, budget_s: float, patience: int, threads: int, seed: int) -> 
         "op_level_ms": round(op_level, 4),
         "refined_ms": round(best_refined, 4),
         "gain": round(op_level / best_refined, 4),
-        "chosen": opt.stats["chosen"],
+        "chosen": str(opt.record.chosen),
         "chosen_ms": round(opt.measured.median_ms, 4),
-        "timed_ms": {name: round(a["measured_ms"], 4) for name, a in timed.items()},
-        "search": opt.stats["graph_level"],
+        "timed_ms": {name: round(ms, 4) for name, ms in timed.items()},
+        "search": opt.record.graph_level,
         "backend_shares": {b: round(s, 4) for b, s in opt.backend_shares().items()},
         "partitions": [[p.backend, p.pattern, len(p.nodes)] for p in opt.placement],
     }

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results" / "optimize_time.json"
-STAGES = ("generate_s", "measure_s", "place_s", "assemble_s", "total_s")
+STAGES = ("generate", "measure", "place", "assemble", "total")  # collage.record.StageSeconds
 
 
 RUNNERS = ("worker", "in-process")
@@ -42,10 +42,10 @@ def one(model: str, log: str, threads: int, runner: str) -> dict:
     wall = time.perf_counter() - start
     return {
         "wall_s": round(wall, 1),
-        **{k: round(opt.stats[k], 2) for k in STAGES},
-        "candidates": opt.stats["candidates"],
-        "distinct": opt.stats["distinct"],
-        "measured": opt.stats["measured"],
+        **{f"{k}_s": round(getattr(opt.record.seconds, k), 2) for k in STAGES},
+        "candidates": opt.record.candidates,
+        "distinct": opt.record.distinct,
+        "measured": opt.record.measured,
         "estimated_ms": round(opt.estimated_ms, 3),
         "measured_ms": round(opt.measured.median_ms, 3),
         "backend_shares": {b: round(s, 4) for b, s in opt.backend_shares().items()},

@@ -183,10 +183,10 @@ def prepare_collage(w: Workload, threads: int) -> Runner:
         "estimated_ms": round(opt.estimated_ms, 4) if math.isfinite(opt.estimated_ms) else None,
         "partitions": len(opt.placement),
         "backend_shares": {b: round(share, 4) for b, share in opt.backend_shares().items()},
-        "optimize_s": round(opt.stats["total_s"], 1),
-        "measured_candidates": opt.stats["measured"],
-        "chosen": opt.stats["chosen"],
-        "finalists_ms": {name: round(a["measured_ms"], 4) for name, a in opt.stats["alternatives"].items()},
+        "optimize_s": round(opt.record.seconds.total, 1),
+        "measured_candidates": opt.record.measured,
+        "chosen": str(opt.record.chosen),
+        "finalists_ms": {str(name): round(f.measured.median_ms, 4) for name, f in opt.record.finalists.items()},
     }
     return Runner(opt.bind(*inputs), _tvm_outputs, info)
 

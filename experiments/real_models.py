@@ -50,7 +50,7 @@ def torch_export_path(w, backends, log) -> dict:
         result = compare(as_list(opt(*[x.numpy() for x in w.inputs])), w.reference())
     except Exception as err:  # noqa: BLE001 -- the table records every failure
         return {"status": "failed", "why": f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"}
-    return {**result, "optimize_s": round(time.perf_counter() - start, 1), "chosen": opt.stats["chosen"],
+    return {**result, "optimize_s": round(time.perf_counter() - start, 1), "chosen": str(opt.record.chosen),
             "backend_shares": {b: round(s, 3) for b, s in opt.backend_shares().items()},
             "measured_ms": round(opt.measured.median_ms, 4)}  # fmt: skip
 
@@ -82,7 +82,7 @@ def onnx_file_path(w, backends, log, threads) -> dict:
         except Exception as err:  # noqa: BLE001
             return {"status": "failed", "why": f"rebuilding: {type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"}
     return {**result, **times, "total_s": round(time.perf_counter() - start, 1),
-            "chosen": rebuilt.stats.get("chosen") or "saved placement",
+            "chosen": "saved placement",
             "backend_shares": {b: round(s, 3) for b, s in rebuilt.backend_shares().items()},
             "stray_stderr_lines": stray}  # fmt: skip
 

@@ -30,8 +30,8 @@ pin_threads({threads})
 import collage
 w = models.load({name!r})
 opt = collage.optimize(w.relax, threads={threads}, onnx_model=w.onnx, cost_log={log!r}, progress=False)
-print(json.dumps({{"chosen": opt.stats["chosen"], "tie": opt.stats.get("tie"),
-                  "finalists_ms": {{k: round(a["measured_ms"], 4) for k, a in opt.stats["alternatives"].items()}}}}))
+print(json.dumps({{"chosen": str(opt.record.chosen), "tie": opt.record.tie,
+                  "finalists_ms": {{str(k): round(f.measured.median_ms, 4) for k, f in opt.record.finalists.items()}}}}))
 """
 
 

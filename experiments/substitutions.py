@@ -37,25 +37,25 @@ def run_model(name: str, small: bool, alpha: float, budget_s: float, log: str | 
                                substitution_budget_s=budget_s)  # fmt: skip
         runs.append((opt, time.perf_counter() - start))
     (first, first_s), (second, second_s) = runs
-    found = second.stats["substitutions"]
-    timed = second.stats["alternatives"]
+    found = second.record.substitution_search
+    timed = {str(name): f.measured for name, f in second.record.finalists.items()}
     entry = {
         "rules_applied": found["rules_applied"],
         "estimated_ms": {"as given": found["initial_cost"], "substituted": found["best_cost"]},
         "explored": found["explored"], "priced": found["costed"], "pruned": found["pruned"],
         "stopped_by": found["stopped_by"], "failed": found["failed"],
-        "search_s": {"empty log": round(first.stats["substitute_s"], 1), "full log": round(second.stats["substitute_s"], 1)},
+        "search_s": {"empty log": round(first.record.seconds.substitute, 1), "full log": round(second.record.seconds.substitute, 1)},
         "optimize_s": {"empty log": round(first_s, 1), "full log": round(second_s, 1)},
         "measured_ms": {
-            "as given": timed[WITHOUT]["measured_ms"],
-            "substituted": timed[WITH]["measured_ms"] if WITH in timed else None,
+            "as given": timed[WITHOUT].median_ms,
+            "substituted": timed[WITH].median_ms if WITH in timed else None,
         },
-        "spread_ms": {name: round(a["spread_ms"], 4) for name, a in timed.items()},
-        "finalists_ms": {name: round(a["measured_ms"], 4) for name, a in timed.items()},
-        "finalist_timing": second.stats.get("finalist_timing"),
-        "kept": second.stats["chosen"],
+        "spread_ms": {name: round(cost.spread_ms, 4) for name, cost in timed.items()},
+        "finalists_ms": {name: round(cost.median_ms, 4) for name, cost in timed.items()},
+        "finalist_timing": {"others_busy_cores": second.record.others_busy_cores, "attempts": second.record.timing_attempts},
+        "kept": str(second.record.chosen),
         "kept_ms": second.measured.median_ms,
-        "best_without_substitutions_ms": min(a["measured_ms"] for n, a in timed.items() if n != WITH),
+        "best_without_substitutions_ms": min(cost.median_ms for n, cost in timed.items() if n != WITH),
     }  # fmt: skip
     if entry["measured_ms"]["substituted"] is not None:
         entry["speedup_of_substituted_op_level"] = round(entry["measured_ms"]["as given"] / entry["measured_ms"]["substituted"], 3)

@@ -8,8 +8,8 @@ from tvm.relax.dpl import is_op, wildcard
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage.backend import GRAPH_LEVEL, OP_LEVEL, Backend, BackendSet
-from collage.candidates import generate, grow_rule, match_pattern, region_parts, regions
+from collage.backend import GRAPH_LEVEL, OP_LEVEL, Backend, BackendSet, default_backends
+from collage.candidates import MAX_GROUPS_PER_SEED, generate, grow_rule, match_pattern, region_parts, regions
 from collage.graph import DataflowGraph
 from collage.pattern import Pattern, PatternRule
 from collage.subgraph import SubGraph
@@ -220,6 +220,25 @@ def test_densely_connected_element_wise_ops_grow_a_bounded_number_of_groups():
     assert {S(i) for i in range(len(graph))} <= grown  # every op keeps its own kernel
     assert sum(len(g) == 2 for g in grown) >= len(graph) - 2  # and its fusions with a neighbour
     assert max(len(g) for g in grown) == TVM_RULE.max_size  # early seeds still grow large groups
+
+
+def test_seeds_stopped_at_the_cap_are_counted_for_the_report():
+    # One value read by 24 element-wise ops: its groups of up to 8 number C(24, 7) and more.
+    x = relax.Var("x", relax.TensorType((4, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.exp(x))
+            out = bb.emit_output(relax.Tuple([bb.emit(relax.op.multiply(y, relax.const(float(k)))) for k in range(24)]))
+        bb.emit_func_output(out)
+    capped: dict[str, int] = {}
+    grow_rule(DataflowGraph.from_module(bb.get()), TVM_RULE, capped)
+    assert capped == {}  # nothing grown yet: grow_rule is a generator
+    grown = sets(grow_rule(DataflowGraph.from_module(bb.get()), TVM_RULE, capped))
+    assert capped == {TVM_RULE.name: 1} and len(grown) >= MAX_GROUPS_PER_SEED  # the shared producer's seed
+    within: dict[str, int] = {}
+    generate(DataflowGraph.from_module(Diamond), default_backends(), within)
+    assert within == {}
 
 
 def test_valid_op_limits_the_rule():

@@ -105,13 +105,13 @@ def test_optimize_for_energy_measures_energy_and_searches_with_it(tmp_path):
     mod = _bottleneck()
     opt = collage.optimize(mod, backends=["tvm"], cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False,
                            substitutions=True, objective="energy", meter=ClockMeter(), runner=InProcess())  # fmt: skip
-    found = opt.stats["substitutions"]
+    found = opt.record.substitution_search
     assert found["objective"] == "energy" and found["initial_cost"] == pytest.approx(1.0)
     assert found["rules_applied"] == {"fold_matmul_into_matmul": 1} and found["best_cost"] < 1.0
     assert "objective energy" in opt.report()
     # The finalists were metered too, and compared by energy.
-    assert opt.stats["objective"] == "energy"
-    assert all(a["energy_mj"] > 0 for a in opt.stats["alternatives"].values())
+    assert str(opt.record.objective) == "energy"
+    assert all(f.measured.energy_mj > 0 for f in opt.record.finalists.values())
     assert opt.measured.energy_mj > 0
     # Every kernel measured while searching has its energy in the log, beside its time.
     valid = [row for row in CostLog(tmp_path / "c.sqlite").rows() if row.failure is None]

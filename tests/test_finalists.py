@@ -28,6 +28,7 @@ from collage.report import dominant_tvm_ops
 from collage.subgraph import SubGraph
 from collage.runner import build_vm
 from collage.timing import Protocol, Timing
+from collage.record import FinalistKind, FinalistName
 from experiments import models
 
 FAST = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
@@ -187,10 +188,10 @@ def test_onnxruntime_alone_keeps_its_threads_spinning_and_among_others_stops_the
 
 def test_every_engine_alone_is_a_finalist_built_checked_and_timed(mlp_optimized):
     w, opt = mlp_optimized
-    timed = opt.stats["alternatives"]
+    timed = {str(name): f for name, f in opt.record.finalists.items()}
     for name in ("op-level", "onnxruntime alone", "openvino alone",
                  "onnxruntime on the ONNX file", "openvino on the ONNX file"):
-        assert name in timed and timed[name]["measured_ms"] > 0
+        assert name in timed and timed[name].measured.median_ms > 0
     got = opt(*[x.numpy() for x in w.inputs])
     (expected,) = w.reference()
     assert np.abs(got[0] - expected).max() <= 1e-4 * np.abs(expected).max()
@@ -202,7 +203,7 @@ def test_a_kept_onnxruntime_finalist_runs_with_its_users_settings(mlp_optimized)
     _, opt = mlp_optimized
     ort_kernels = [kernel for p, _, kernel in opt._assembly.kernels if p.backend == "onnxruntime"]
     if len(opt.placement) != 1 or not ort_kernels:
-        pytest.skip(f"kept {opt.stats['chosen']!r}, not one ONNX Runtime partition")
+        pytest.skip(f"kept '{opt.record.chosen}', not one ONNX Runtime partition")
     assert not _spinning_stops(ort_kernels[0])
 
 
@@ -214,8 +215,8 @@ def test_an_onnx_file_that_computes_otherwise_is_left_out_with_the_reason(tmp_pa
     first.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(first) * 2, first.name))
     opt = collage.optimize(w.relax, backends=["tvm", "onnxruntime"], cost_log=tmp_path / "c.sqlite",
                            onnx_model=other, timing=FAST, progress=False)
-    assert "onnxruntime on the ONNX file" not in opt.stats["alternatives"]
-    assert "disagrees with the unoptimized module" in opt.stats["engine_alone"]["onnxruntime file"]
+    assert FinalistName(FinalistKind.ENGINE_ON_FILE, "onnxruntime") not in opt.record.finalists
+    assert "disagrees with the unoptimized module" in opt.record.left_out["onnxruntime file"]
 
 
 def test_the_report_names_the_ops_that_keep_an_engine_from_the_whole_model():

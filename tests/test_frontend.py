@@ -12,6 +12,7 @@ import tvm
 import collage
 from collage.frontend import ModelImportError, import_model
 from collage.timing import Timing
+from collage.record import FinalistKind, FinalistName
 from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
 
 FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.3, budget_s=0.3)
@@ -75,7 +76,7 @@ def test_optimize_takes_an_onnx_file_and_runs_it_on_each_engine_too(tmp_path):
     path = write_tiny_model(tmp_path / "tiny.onnx")
     opt = collage.optimize(path, backends=["tvm", "onnxruntime"], cost_log=tmp_path / "c.sqlite", timing=FAST,
                            progress=False)  # fmt: skip
-    assert "onnxruntime on the ONNX file" in opt.stats["alternatives"]
+    assert FinalistName(FinalistKind.ENGINE_ON_FILE, "onnxruntime") in opt.record.finalists
     x = np.random.default_rng(0).standard_normal(INPUT_SHAPE).astype("float32")
     reference = collage.optimize(collage.load_onnx(path), backends=["tvm"], cost_log=tmp_path / "c.sqlite",
                                  timing=FAST, progress=False)  # fmt: skip

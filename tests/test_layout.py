@@ -1,7 +1,11 @@
-"""The package layout: backends/ and patterns/ are parts of the library, never top-level packages."""
+"""The package layout: backends/ and patterns/ are parts of the library, never top-level packages;
+no module of it imports one that imports it back, or another's private names."""
 
+import ast
 import pathlib
 import re
+
+import networkx as nx
 
 import collage
 import collage.backends
@@ -23,3 +27,42 @@ def test_nothing_imports_bare_backends_or_patterns():
         if ".venv" not in p.parts and bare.search(p.read_text())
     ]
     assert offenders == []
+
+
+def _imports(path: pathlib.Path, name: str):
+    """(module imported, names taken from it) for each ``from collage... import`` of a module,
+    those under ``if TYPE_CHECKING:`` left out (they never run)."""
+    tree = ast.parse(path.read_text())
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+               for n in ast.walk(node)}  # fmt: skip
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and id(node) not in skipped:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, node.module] if node.module else base)
+            if module.startswith("collage"):
+                yield module, [a.name for a in node.names]
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    found = {}
+    for path in (ROOT / "collage").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def test_no_import_cycles_and_no_private_names_imported():
+    modules = _modules()
+    edges, private = {}, []
+    for name, path in modules.items():
+        edges[name] = set()
+        for module, names in _imports(path, name):
+            for imported in names:
+                target = f"{module}.{imported}" if f"{module}.{imported}" in modules else module
+                if target in modules and target != name and not name.startswith(target + "."):
+                    edges[name].add(target)
+                if imported.startswith("_") and not imported.startswith("__"):
+                    private.append(f"{name} imports {module}.{imported}")
+    graph = nx.DiGraph([(a, b) for a, targets in edges.items() for b in targets])
+    assert list(nx.simple_cycles(graph)) == [] and private == []

@@ -13,6 +13,7 @@ from collage.backend import BackendSet, default_backends
 from collage.cost import Cost
 from collage.cost_log import CostLog
 from collage.isolation import InProcess, WorkerProcess
+from collage.record import OP_LEVEL, SUBSTITUTED, FinalistKind, FinalistName
 from collage.timing import Timing
 from experiments import models
 from tests.backends_for_tests import (ABORTS, CANNOT_COMPILE, HANGS, NUMPY, WRONG, CompilesOnlyOnce, RightOnlyWhenMeasured,
@@ -80,7 +81,7 @@ def test_a_second_optimize_measures_nothing(tmp_path):
     log = tmp_path / "c.sqlite"
     first = collage.optimize(Unary, backends=backends(NUMPY), cost_log=log, timing=FAST, progress=False)
     again = collage.optimize(Unary, backends=backends(NUMPY), cost_log=log, timing=FAST, progress=False)
-    assert first.stats["measured"] > 0 and again.stats["measured"] == 0
+    assert first.record.measured > 0 and again.record.measured == 0
     assert [(p.backend, p.nodes) for p in again.placement] == [(p.backend, p.nodes) for p in first.placement]
 
 
@@ -242,20 +243,18 @@ def test_zoo_model_on_every_cpu_backend(tmp_path, name):
     assert all(p.cost_ms > 0 for p in opt.placement)
     # The op-level answer and each engine alone were timed end to end; the kept one is the
     # fastest or within noise of it (the simplest of those).
-    timed = opt.stats["alternatives"]
-    assert {"op-level", "onnxruntime alone", "openvino alone"} <= set(timed)
+    assert {"op-level", "onnxruntime alone", "openvino alone"} <= {str(name) for name in opt.record.finalists}
     assert_kept_is_fastest_within_noise(opt)
     assert "cudnn" in opt.excluded and "tvm" not in opt.excluded
 
 
 def assert_kept_is_fastest_within_noise(opt):
     """The kept finalist leads the race (a user pays least for it) or is equivalent to the leader."""
-    timed = opt.stats["alternatives"]
-    kept = timed[opt.stats["chosen"]]
-    assert kept["verdict"] in ("leader", "equivalent")
-    leader = min(timed.values(), key=lambda a: a["paid_ms"])
-    assert kept["paid_ms"] == leader["paid_ms"] or kept["verdict"] == "equivalent"
-    assert opt.measured.median_ms == kept["measured_ms"]
+    kept = opt.record.finalists[opt.record.chosen]
+    assert kept.verdict in ("leader", "equivalent")
+    leader = min(opt.record.finalists.values(), key=lambda f: f.paid_ms)
+    assert kept.paid_ms == leader.paid_ms or kept.verdict == "equivalent"
+    assert opt.measured.median_ms == kept.measured.median_ms
 
 
 def test_an_operator_no_backend_runs_is_named(tmp_path):
@@ -313,18 +312,18 @@ def test_graph_level_search_returns_a_correct_module_no_slower_than_op_level(tmp
     got = opt(*[x.numpy() for x in w.inputs])
     (expected,) = w.reference()
     assert np.abs(got - expected).max() <= 1e-3 * np.abs(expected).max()
-    timed, g = opt.stats["alternatives"], opt.stats["graph_level"]
+    g = opt.record.graph_level
     assert_kept_is_fastest_within_noise(opt)
-    assert "graph-level #1" in timed and g["units"] > 1 and g["placements"] >= 2
+    assert FinalistName(FinalistKind.GRAPH_LEVEL, rank=1) in opt.record.finalists and g["units"] > 1 and g["placements"] >= 2
     assert g["stopped"] in ("patience", "every placement measured")
     assert g["best_ms"] <= min(g["start_ms"], g["all_on_engine_ms"])
     report = opt.report()
     assert f"graph-level refinement ({g['engine']})" in report and "op-level" in report and "refined" in report
 
     again = run()
-    assert again.stats["graph_level"]["measured_now"] == 0
+    assert again.record.graph_level["measured_now"] == 0
     for key in ("engine", "units", "placements", "best_ms", "history_ms"):
-        assert again.stats["graph_level"][key] == g[key]
+        assert again.record.graph_level[key] == g[key]
 
 
 def test_a_scalar_input_stays_a_scalar(tmp_path):
@@ -383,10 +382,10 @@ def test_substitutions_fold_a_bottleneck_and_the_faster_graph_is_kept(tmp_path):
         bb.emit_func_output(out)
     mod, log = bb.get(), tmp_path / "c.sqlite"
     opt = collage.optimize(mod, backends=["tvm"], cost_log=log, timing=FAST, progress=False, substitutions=True)
-    found = opt.stats["substitutions"]
+    found = opt.record.substitution_search
     assert found["rules_applied"] == {"fold_matmul_into_matmul": 1} and found["best_cost"] < found["initial_cost"]
-    assert {"op-level", "op-level, substituted graph"} <= set(opt.stats["alternatives"])
-    assert opt.stats["chosen"] == "op-level, substituted graph"
+    assert {OP_LEVEL, SUBSTITUTED} <= set(opt.record.finalists)
+    assert opt.record.chosen == SUBSTITUTED
     assert_kept_is_fastest_within_noise(opt)
     data = rng.standard_normal((8, 64)).astype("float32")
     expected = data @ w1.value.numpy() @ w2.value.numpy()

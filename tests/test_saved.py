@@ -112,7 +112,7 @@ def test_a_model_with_nothing_to_place_runs_as_tvm_runs_it_and_its_placement_reb
     mod = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10))
     log = collage.CostLog(tmp_path / "costs.sqlite")
     opt = collage.optimize(mod, backends=BACKENDS, cost_log=log, threads=2, progress=False)
-    assert opt.placement == [] and "match_cast" in opt.stats["unplaced"]
+    assert opt.placement == [] and "match_cast" in opt.record.unplaced
     assert "nothing placed" in opt.report()
     args = [np.array(v, "float32") for v in (1.0, 4.0, 0.5)]
     np.testing.assert_allclose(opt(*args), np.arange(1.0, 4.0, 0.5, dtype="float32"))

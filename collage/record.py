@@ -1,0 +1,106 @@
+"""What one optimization did, as typed data: the run record.
+
+``optimize`` fills a ``RunRecord`` stage by stage; the report, the saved placement, the
+export and the benchmarks read its fields. Finalists are named by a ``FinalistName`` (a kind
+and, where it applies, the engine or the rank), never by their display text, which
+``str(name)`` gives.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .cost import Cost
+from .objective import Objective
+
+
+class FinalistKind(enum.Enum):
+    """How a finalist placement was made; the value is its display text."""
+
+    OP_LEVEL = "op-level"  # the DP over every candidate
+    KERNELS_ONLY = "op-level, kernels only"  # the DP without engine regions: the graph-level search's start
+    SUBSTITUTED = "op-level, substituted graph"  # the DP over the graph the substitution search found
+    ENGINE_ALONE = "alone"  # one engine on collage's conversion of the whole model
+    ENGINE_REGIONS = "regions"  # one engine's largest regions, TVM for the rest
+    ENGINE_ON_FILE = "on the ONNX file"  # one engine on the user's own ONNX file
+    GRAPH_LEVEL = "graph-level"  # a leader of the graph-level search
+    UNPLACED = "the whole model on tvm, unplaced"  # nothing to place: TVM runs it as it is
+    SAVED = "placement"  # a saved placement, rebuilt
+
+
+@dataclass(frozen=True)
+class FinalistName:
+    """A finalist: its kind, the engine of an engine's finalist, the rank of a graph-level leader."""
+
+    kind: FinalistKind
+    engine: str | None = None
+    rank: int | None = None
+
+    def __str__(self) -> str:
+        if self.engine is not None:
+            return f"{self.engine} {self.kind.value}"
+        if self.rank is not None:
+            return f"{self.kind.value} #{self.rank}"
+        return self.kind.value
+
+
+OP_LEVEL = FinalistName(FinalistKind.OP_LEVEL)
+KERNELS_ONLY = FinalistName(FinalistKind.KERNELS_ONLY)
+SUBSTITUTED = FinalistName(FinalistKind.SUBSTITUTED)
+UNPLACED = FinalistName(FinalistKind.UNPLACED)
+SAVED = FinalistName(FinalistKind.SAVED)
+
+
+@dataclass(frozen=True)
+class FinalistResult:
+    """One finalist as it was timed against the others: the DP's estimate (NaN for the user's
+    file, whose kernels were never measured alone), its end-to-end cost, and, when the choice
+    raced them round by round, the upper quartile of its blocks and its verdict."""
+
+    estimated_ms: float
+    measured: Cost
+    paid_ms: float | None = None
+    verdict: str | None = None  # finalists.Verdict's value: "leader", "equivalent", ...
+
+
+@dataclass
+class StageSeconds:
+    generate: float = 0.0
+    measure: float = 0.0
+    substitute: float = 0.0
+    place: float = 0.0
+    assemble: float = 0.0
+    graph_level: float = 0.0
+    final_timing: float = 0.0
+    total: float = 0.0
+
+
+@dataclass
+class RunRecord:
+    """What one ``optimize`` call did, stage by stage (empty for a rebuilt saved placement,
+    which generates and measures nothing)."""
+
+    seed: int = 0
+    objective: Objective = Objective()
+    simplify_failed: str | None = None  # why the model was placed as given, unsimplified
+    unplaced: str | None = None  # why nothing could be placed (TVM then runs the model)
+    unplaced_hash: str | None = None  # the structural hash of that model, for its saved record
+    candidates: int = 0
+    distinct: int = 0  # candidates with distinct log keys
+    capped: dict[str, int] = field(default_factory=dict)  # pattern rule -> seeds whose growth stopped at the cap
+    measured: int = 0  # candidates measured by this call (the rest came from the cost log)
+    skipped: dict[str, int] = field(default_factory=dict)  # search-bound rule -> candidates not measured
+    exact: bool = True  # whether every DP search was exact (no state cap)
+    engine_blockers: dict[str, str] = field(default_factory=dict)  # engine -> the ops it cannot take
+    left_out: dict[str, str] = field(default_factory=dict)  # a finalist that could not be: why
+    substitution_search: dict | None = None  # substitute.SearchResult.summary() and its settings
+    substituted: list = field(default_factory=list)  # the kept graph's substitution steps, in order
+    graph_level: dict | None = None  # refine.Refinement.summary(), or {"skipped": why}
+    finalists: dict[FinalistName, FinalistResult] = field(default_factory=dict)
+    chosen: FinalistName | None = None
+    tie: str | None = None  # why the kept finalist is not the one with the best number
+    others_busy_cores: float | None = None  # what other processes took while finalists were timed
+    timing_attempts: int = 0
+    warnings: list[str] = field(default_factory=list)
+    seconds: StageSeconds = field(default_factory=StageSeconds)

@@ -1,0 +1,36 @@
+"""The report reads the run record's typed fields: finalists by name and kind, what was
+capped, skipped and left out, with nothing parsed back from text."""
+
+import math
+
+from collage.cost import Cost
+from collage.optimized import OptimizedModule
+from collage.record import OP_LEVEL, FinalistKind, FinalistName, FinalistResult, RunRecord
+
+ON_FILE = FinalistName(FinalistKind.ENGINE_ON_FILE, "openvino")
+
+
+def report(record: RunRecord) -> str:
+    return OptimizedModule(None, [], "llvm", 2, math.nan, Cost.of(1.0, 0.01, samples=7), None, record=record).report()
+
+
+def test_finalists_are_shown_by_name_with_the_kept_one_marked():
+    record = RunRecord(
+        candidates=10, distinct=8, measured=3, skipped={"TVM runs the same ops for less": 2},
+        capped={"tvm.fused": 4}, left_out={"onnxruntime file": "onnxruntime on the ONNX file disagrees"},
+        finalists={OP_LEVEL: FinalistResult(1.2, Cost.of(1.1, 0.01, samples=7), 1.12, "slower"),
+                   ON_FILE: FinalistResult(math.nan, Cost.of(1.0, 0.01, samples=7), 1.01, "leader")},
+        chosen=ON_FILE,
+    )  # fmt: skip
+    text = report(record)
+    assert "openvino on the ONNX file" in text and "(leader)  <- kept" in text
+    assert "op-level " in text and "(slower)" in text and text.count("<- kept") == 1
+    assert "2 not measured (2: TVM runs the same ops for less)" in text
+    assert "stopped growing 4 seed(s) of tvm.fused at its cap" in text
+    assert "note: onnxruntime on the ONNX file disagrees" in text
+
+
+def test_a_rebuilt_placement_has_no_optimization_line():
+    assert "optimization:" not in report(RunRecord())
+    assert str(FinalistName(FinalistKind.GRAPH_LEVEL, rank=2)) == "graph-level #2"
+    assert str(FinalistName(FinalistKind.ENGINE_ALONE, "onnxruntime")) == "onnxruntime alone"
