@@ -10,7 +10,7 @@ PyTorch's default keeps float32 matmuls in full precision (no TF32), as TVM comp
 from collage.backends.mkl import matmul_kernel
 from collage.patterns import kernels
 
-from collage.backend import OP_LEVEL, Backend, installed_version
+from collage.candidates.backend import OP_LEVEL, Backend, installed_version
 
 PATTERNS = {p.name: p for p in kernels.matmul_patterns("cublas")}
 

@@ -11,7 +11,7 @@ copied to the GPU once, at compile time.
 from collage.patterns import kernels
 from collage.patterns.kernels import shape_of
 
-from collage.backend import OP_LEVEL, Backend, installed_version
+from collage.candidates.backend import OP_LEVEL, Backend, installed_version
 
 PATTERNS = {p.name: p for p in kernels.conv_patterns("cudnn", dims=(2, 3))}
 

@@ -21,8 +21,8 @@ back (``to_dense``, then ``copy_``): three copies, measured like any candidate.
 from collage.patterns import kernels
 from collage.patterns.kernels import Check, shape_of
 
-from collage.backend import OP_LEVEL, Backend, installed_version
-from collage.pattern import Pattern
+from collage.candidates.backend import OP_LEVEL, Backend, installed_version
+from collage.candidates.pattern import Pattern
 
 
 def probe(target: str) -> str | None:

@@ -11,7 +11,7 @@ on CUDA (``backends/cublas.py`` runs this same kernel on the GPU).
 
 from collage.patterns import kernels
 
-from collage.backend import OP_LEVEL, Backend, installed_version
+from collage.candidates.backend import OP_LEVEL, Backend, installed_version
 
 PATTERNS = {p.name: p for p in kernels.matmul_patterns("mkl")}
 

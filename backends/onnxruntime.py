@@ -1,6 +1,6 @@
 """ONNX Runtime (Microsoft's inference engine): CPU execution provider, all graph optimizations.
 
-A candidate becomes an in-memory ONNX model (``collage.onnx_convert``) and one
+A candidate becomes an in-memory ONNX model (``collage.candidates.onnx_convert``) and one
 InferenceSession. The kernel binds the caller's TVM tensors by pointer with IOBinding, so
 ONNX Runtime reads the inputs and writes the outputs in place: no copy either way.
 
@@ -18,9 +18,9 @@ from collage.patterns.fusion import anchor_then_elementwise
 from onnx import helper
 from tvm import relax
 
-from collage.backend import GRAPH_LEVEL, Backend, BoundBuffers, Unsupported, installed_version
-from collage.onnx_convert import convertible, to_onnx
-from collage.pattern import PatternRule
+from collage.candidates.backend import GRAPH_LEVEL, Backend, BoundBuffers, Unsupported, installed_version
+from collage.candidates.onnx_convert import convertible, to_onnx
+from collage.candidates.pattern import PatternRule
 
 
 def _session(model_bytes: bytes, threads: int, alone: bool):
@@ -87,7 +87,7 @@ BACKEND = Backend(
     compile=compile,
     compile_onnx=compile_onnx,
     # Kernel-sized groups as TVM fuses them; the engine's largest regions are candidates too
-    # (candidates.regions), and the graph-level search hands it more (collage.refine).
+    # (candidates.regions), and the graph-level search hands it more (collage.placing.refine).
     rules=(PatternRule("onnxruntime.fused", convertible, anchor_then_elementwise),),
     requires=("onnxruntime", "onnx"),
     library=f"ONNX Runtime {installed_version('onnxruntime')} (CPU execution provider)",

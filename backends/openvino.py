@@ -1,6 +1,6 @@
 """OpenVINO (Intel's inference engine): CPU plugin, f32 unless asked otherwise.
 
-A candidate becomes an in-memory ONNX model (``collage.onnx_convert``), read by OpenVINO's
+A candidate becomes an in-memory ONNX model (``collage.candidates.onnx_convert``), read by OpenVINO's
 ONNX frontend and compiled for the CPU plugin. The kernel wraps the caller's TVM tensors as
 shared-memory ``ov.Tensor`` s over DLPack views, so OpenVINO reads the inputs and writes the
 outputs in place: no copy either way.
@@ -19,9 +19,9 @@ import onnx
 from collage.patterns.fusion import anchor_then_elementwise
 from tvm import relax
 
-from collage.backend import GRAPH_LEVEL, Backend, BoundBuffers, installed_version
-from collage.onnx_convert import convertible, to_onnx
-from collage.pattern import PatternRule
+from collage.candidates.backend import GRAPH_LEVEL, Backend, BoundBuffers, installed_version
+from collage.candidates.onnx_convert import convertible, to_onnx
+from collage.candidates.pattern import PatternRule
 
 
 def _config(precision: str, threads: int) -> dict:
@@ -71,7 +71,7 @@ BACKEND = Backend(
     compile=compile,
     compile_onnx=compile_onnx,
     # Kernel-sized groups as TVM fuses them; the engine's largest regions are candidates too
-    # (candidates.regions), and the graph-level search hands it more (collage.refine).
+    # (candidates.regions), and the graph-level search hands it more (collage.placing.refine).
     rules=(PatternRule("openvino.fused", convertible, anchor_then_elementwise),),
     requires=("openvino", "onnx"),
     library=f"OpenVINO {installed_version('openvino')} (CPU plugin, f32)",

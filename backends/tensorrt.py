@@ -1,6 +1,6 @@
 """TensorRT (NVIDIA's inference engine), through its Python API, fp32.
 
-A candidate becomes an in-memory ONNX model (``collage.onnx_convert``), parsed by TensorRT's
+A candidate becomes an in-memory ONNX model (``collage.candidates.onnx_convert``), parsed by TensorRT's
 ONNX parser and built into an engine; TF32 is turned off so results stay within fp32
 tolerance of TVM's. The kernel gives the execution context the device pointers of the
 caller's CUDA TVM tensors, enqueues the engine on its own stream and waits for it: no copy
@@ -15,9 +15,9 @@ import tvm
 from collage.patterns.fusion import anchor_then_elementwise
 from tvm import relax
 
-from collage.backend import GRAPH_LEVEL, Backend, Unsupported, installed_version
-from collage.onnx_convert import convertible, to_onnx
-from collage.pattern import PatternRule
+from collage.candidates.backend import GRAPH_LEVEL, Backend, Unsupported, installed_version
+from collage.candidates.onnx_convert import convertible, to_onnx
+from collage.candidates.pattern import PatternRule
 
 
 def probe(target: str) -> str | None:

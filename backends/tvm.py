@@ -12,10 +12,10 @@ import tvm
 from collage.patterns.fusion import anchor_then_elementwise
 from tvm import relax
 
-from collage.backend import OP_LEVEL, Backend
-from collage.graph import CALLEES_ATTR
-from collage.pattern import PatternRule
-from collage.runner import as_module, device_for
+from collage.candidates.backend import OP_LEVEL, Backend
+from collage.model.graph import CALLEES_ATTR
+from collage.candidates.pattern import PatternRule
+from collage.measuring.runner import as_module, device_for
 
 
 def probe(target: str) -> str | None:
@@ -40,7 +40,7 @@ class Kernel:
             src.copyto(dst)
 
     def time_ms(self, inputs, timing, meter=None):
-        from collage.timing import sample_until_stable
+        from collage.measuring.timing import sample_until_stable
 
         once = self.vm.time_evaluator(self.name, self.device, number=1, repeat=max(timing.warmup, 1))(*inputs)
         number = max(1, math.ceil(timing.min_sample_ms / 1e3 / max(once.min, 1e-7)))
@@ -49,7 +49,7 @@ class Kernel:
 
 
 def compile(func: relax.Function, pattern: str, target: str, threads: int) -> Kernel:
-    # TVM's thread pool is the process's, sized once when it starts (``collage.threads``).
+    # TVM's thread pool is the process's, sized once when it starts (``collage.measuring.threads``).
     device = device_for(target)
     return Kernel(func, relax.VirtualMachine(tvm.compile(as_module(func), target=target), device), device)
 

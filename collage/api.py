@@ -23,35 +23,36 @@ import onnx
 import tvm
 import tvm_ffi
 
-from .backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet
-from .candidates import PART_SUFFIX, REGION_SUFFIX, generate
-from .checked import as_tvm_runs_it, assemble_and_check
+from .assembling.checked import as_tvm_runs_it, assemble_and_check
+from .candidates.backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet
+from .candidates.generate import PART_SUFFIX, REGION_SUFFIX, generate
 from .config import Config
-from .cost import Cost
-from .cost_log import CostLog
-from .end_to_end import EndToEnd
-from .engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
+from .deploying.optimized import OptimizedModule
+from .deploying.report import dominant_tvm_ops
+from .deploying.saved import (LoggedCosts, PlacementFileError, check_backends, check_model, model_hash, partitions_of,
+                              placement_backends, read_placement, replay_substitutions, runs_file)
 from .errors import OptimizeError
-from .finalists import Finalist, choose, time_finalists
-from .frontend import ModelImportError, import_model
-from .isolation import MeasureRunner
-from .measure import Measurer
-from .meters import EnergyMeter, NoEnergyMeter, energy_meter
-from .objective import Objective
-from .optimized import OptimizedModule
-from .placement import Partition, Placement, PlacementError, place
-from .prepare import Model, Unplaceable, dataflow_graph, prepare_model
-from .record import SAVED, KERNELS_ONLY, OP_LEVEL, SUBSTITUTED, UNPLACED, FinalistKind, FinalistName, FinalistResult, RunRecord
-from .refine import refine
-from .report import dominant_tvm_ops
-from .saved import (LoggedCosts, PlacementFileError, check_backends, check_model, model_hash, partitions_of,
-                    placement_backends, read_placement, replay_substitutions, runs_file)
-from .substitute import DEFAULT_RULES as SUBSTITUTIONS
-from .substitute import SearchResult
-from .substitute import search_in_pieces as search_substitutions
-from .substitute.placement_cost import PlacementCost
-from .threads import pin_threads
-from .timing import Timing
+from .measuring.cost import Cost
+from .measuring.cost_log import CostLog
+from .measuring.isolation import MeasureRunner
+from .measuring.measure import Measurer
+from .measuring.meters import EnergyMeter, NoEnergyMeter, energy_meter
+from .measuring.threads import pin_threads
+from .measuring.timing import Timing
+from .model.frontend import ModelImportError, import_model
+from .model.prepare import Model, Unplaceable, dataflow_graph, prepare_model
+from .placing.end_to_end import EndToEnd
+from .placing.engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
+from .placing.finalists import Finalist, choose, time_finalists
+from .placing.objective import Objective
+from .placing.placement import Partition, Placement, PlacementError, place
+from .placing.refine import refine
+from .placing.substitute import DEFAULT_RULES as SUBSTITUTIONS
+from .placing.substitute import SearchResult
+from .placing.substitute import search_in_pieces as search_substitutions
+from .placing.substitute.placement_cost import PlacementCost
+from .record import (SAVED, KERNELS_ONLY, OP_LEVEL, SUBSTITUTED, UNPLACED, FinalistKind, FinalistName, FinalistResult,
+                     RunRecord)
 
 def optimize(
     mod: tvm.IRModule,
@@ -84,7 +85,7 @@ def optimize(
     as ``params`` (name -> array) to bind. ``onnx_model`` is the ONNX model (or file) ``mod``
     was imported from, if any: each inference engine then also runs it whole, as its users
     would, among the finalists. ``mod`` may also be a model still to import
-    (``collage.frontend.import_model``): an ONNX file or ``onnx.ModelProto`` (``shapes``, input
+    (``collage.model.frontend.import_model``): an ONNX file or ``onnx.ModelProto`` (``shapes``, input
     name -> shape, fixes dynamic inputs), which is then the ``onnx_model`` too; or a
     ``torch.nn.Module`` in eval mode with ``example_inputs`` (a tensor or a tuple of them),
     whose ``torch.onnx.export`` is then the ``onnx_model``, as its users would export it for an
@@ -93,21 +94,21 @@ def optimize(
     their reason (``opt.excluded``). Costs are read from and written to ``cost_log`` (a
     CostLog or a path; default ``~/.cache/collage/costs.sqlite`` or ``$COLLAGE_COST_LOG``).
     Every backend runs on ``threads`` threads (default: the cores this process may use).
-    Candidates are measured on ``runner`` (``collage.isolation``): by default in a worker
+    Candidates are measured on ``runner`` (``collage.measuring.isolation``): by default in a worker
     process, so a library that crashes or hangs on one candidate costs that candidate only;
     ``isolation.InProcess()`` measures here, without that safety.
     ``simplify`` runs ``collage.simplify`` first. ``graph_level`` then refines the op-level
     placement by an evolutionary search over what to hand to an inference engine, measuring
     each placement end to end, for ``budget_s`` seconds or until the best has not improved for
     ``patience`` generations. ``substitutions`` searches semantics-preserving graph rewrites
-    (``collage.substitute``: parallel operators merged, linear ones folded) jointly with the
+    (``collage.placing.substitute``: parallel operators merged, linear ones folded) jointly with the
     placement, by MetaFlow's backtracking search relaxed by ``alpha``, for at most
     ``substitution_budget_s`` seconds; the best graph's placement joins the finalists beside
     the unsubstituted one. The search minimizes ``objective``: "time", "energy", "power" or
     a weighted sum ("0.5*time+0.5*energy", ``substitute.Objective``); energy is read from
-    ``meter``, by default this machine's (``collage.meters``: RAPL, NVML), and an objective
+    ``meter``, by default this machine's (``collage.measuring.meters``: RAPL, NVML), and an objective
     that needs energy where there is no meter is an ``OptimizeError`` saying why. The
-    finalists (collage.finalists) are timed against each other (and metered, for an objective
+    finalists (collage.placing.finalists) are timed against each other (and metered, for an objective
     that weighs energy) and the best under ``objective`` kept, the simplest among those within
     noise. Raises ``OptimizeError`` for
     input it cannot handle; a failing backend candidate is excluded with its reason and never
@@ -273,7 +274,7 @@ def load_placement(
     threads: int | None = None,
     seed: int | None = None,
 ) -> OptimizedModule:
-    """``mod`` placed as the file at ``path`` says (``collage.saved``), without measuring any
+    """``mod`` placed as the file at ``path`` says (``collage.deploying.saved``), without measuring any
     candidate: the stages of ``optimize`` with the placement fixed and costs from the log.
 
     ``mod`` and ``params`` are what was given to ``optimize``; target, threads, simplification

@@ -29,7 +29,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from .backend import TARGETS
+from .candidates.backend import TARGETS
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 DEFAULT_PLACEMENT = "placement.json"
@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = parser().parse_args(argv)
     from .errors import OptimizeError
-    from .cost_log import CostLogError
-    from .exported import ExportError
-    from .frontend import ModelImportError
+    from .measuring.cost_log import CostLogError
+    from .deploying.exported import ExportError
+    from .model.frontend import ModelImportError
 
     try:
         with _libraries_hushed(args.verbose):
@@ -184,9 +184,9 @@ def _log_argument(p: argparse.ArgumentParser) -> None:
 def optimize_command(args) -> int:
     from .api import optimize_with
     from .config import Config
-    from .frontend import load_onnx
-    from .isolation import InProcess
-    from .saved import save_placement
+    from .model.frontend import load_onnx
+    from .measuring.isolation import InProcess
+    from .deploying.saved import save_placement
 
     backends, shapes, extra = _backends(args.backends), _shapes(args.shape), _graph_level(args) | _substitutions(args)
     config = Config(
@@ -207,10 +207,10 @@ def optimize_command(args) -> int:
 
 
 def run_command(args) -> int:
-    from .cost_log import CostLog
-    from .frontend import load_onnx
+    from .measuring.cost_log import CostLog
+    from .model.frontend import load_onnx
     from .api import load_placement
-    from .saved import read_placement
+    from .deploying.saved import read_placement
 
     if args.model.is_dir():
         return _run_exported(args)
@@ -233,8 +233,8 @@ def run_command(args) -> int:
 
 def _run_exported(args) -> int:
     """``collage run DIR``: load the exported module, call it once, time it."""
-    from .exported import load
-    from .finalists import time_finalists
+    from .deploying.exported import load
+    from .placing.finalists import time_finalists
 
     given = [f"--{o}" for o in ("target", "backends", "log") if getattr(args, o) is not None]
     given += ["--shape"] * bool(args.shape) + ["--placement"] * (args.placement != Path(DEFAULT_PLACEMENT))
@@ -253,7 +253,7 @@ def _backends(names: str | None) -> list[str] | None:
     """The names in ``--backends``, each a registered backend."""
     if names is None:
         return None
-    from .backend import default_backends
+    from .candidates.backend import default_backends
 
     chosen = [n.strip() for n in names.split(",") if n.strip()]
     known = default_backends().names()
@@ -301,7 +301,7 @@ def _substitutions(args) -> dict:
 
 
 def _check_picture(path: Path | None) -> None:
-    from .draw import FORMATS
+    from .deploying.draw import FORMATS
 
     if path is not None and path.suffix.lower().lstrip(".") not in FORMATS:
         raise UsageError(f"--draw {path}: the name must end in .{', .'.join(FORMATS)}")
@@ -309,7 +309,7 @@ def _check_picture(path: Path | None) -> None:
 
 def _draw(opt, path: Path) -> None:
     """Draw the placement; a missing Graphviz is a warning, since the placement is saved."""
-    from .draw import DrawError, draw
+    from .deploying.draw import DrawError, draw
 
     if not opt.placement:  # nothing was placed: the report said why
         print("collage: warning: no picture: nothing was placed", file=sys.stderr)
@@ -324,7 +324,7 @@ def _draw(opt, path: Path) -> None:
 
 
 def backends_command(args) -> int:
-    from .backend import default_backends
+    from .candidates.backend import default_backends
 
     backends = default_backends()
     why_not = {target: backends.usable(target)[1] for target in TARGETS}
@@ -392,7 +392,7 @@ def log_clear_command(args) -> int:
 def _existing_log(args):
     """The cost log to look into, or None (and a line saying so) when there is none: looking
     must not create one."""
-    from .cost_log import CostLog, default_path
+    from .measuring.cost_log import CostLog, default_path
 
     path = args.log or default_path()
     if not path.exists():

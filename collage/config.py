@@ -13,14 +13,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .backend import TARGETS
+from .candidates.backend import TARGETS
 from .errors import OptimizeError
-from .objective import Objective
-from .threads import default_threads
-from .timing import Timing
+from .measuring.threads import default_threads
+from .measuring.timing import Timing
+from .placing.objective import Objective
 
 if TYPE_CHECKING:
-    from .isolation import MeasureRunner
+    from .measuring.isolation import MeasureRunner
 
 
 

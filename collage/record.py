@@ -11,8 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .cost import Cost
-from .objective import Objective
+from .measuring.cost import Cost
+from .placing.objective import Objective
 
 
 class FinalistKind(enum.Enum):

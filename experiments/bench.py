@@ -5,7 +5,7 @@
 
 For each model: export it once (ONNX, Relax), prepare every peer (see ``experiments.peers``),
 check its output against torch's, warm it up, then time the peers with the project's one
-protocol (``collage.timing.time_contenders``, docs/timing.md): rounds of one block of
+protocol (``collage.measuring.timing.time_contenders``, docs/timing.md): rounds of one block of
 back-to-back calls per peer, in a fresh random order, each after a settling pause; the median
 of the block medians and their spread. A peer leaves the rounds after ``max_reps`` blocks, or
 after ``min_reps`` once it has used its share of ``budget`` seconds.
@@ -50,7 +50,7 @@ VERSIONED_PACKAGES = ("torch", "apache-tvm", "onnxruntime", "openvino", "onnx", 
 
 @dataclass(frozen=True)
 class Settings:
-    """How each model is measured: the project's timing protocol (``collage.timing.Protocol``,
+    """How each model is measured: the project's timing protocol (``collage.measuring.timing.Protocol``,
     docs/timing.md) with a time budget per model. Each round times one block of back-to-back
     calls of every peer, in a fresh random order, after a settling pause (the peer before it
     leaves threads spinning: OpenVINO's DCGAN took 1.43 ms right after ONNX Runtime's, 0.68 ms
@@ -67,7 +67,7 @@ class Settings:
     settle_s: float = 0.2
 
     def protocol(self):
-        from collage.timing import Protocol  # collage loads TVM: only after pin_threads
+        from collage.measuring.timing import Protocol  # collage loads TVM: only after pin_threads
 
         return Protocol(rounds=self.max_reps, block_ms=self.block_ms, settle_s=self.settle_s,
                         warmup_s=self.warmup_s, seed=ORDER_SEED, budget_s=self.budget_s, min_rounds=self.min_reps)
@@ -121,12 +121,12 @@ def prepare(prepare_fn: PrepareFn, w: models.Workload, reference, settings: Sett
 
 
 def time_peers(peers: dict[str, Prepared], settings: Settings) -> tuple[dict, dict[str, str]]:
-    """Each peer's latency (a ``collage.cost.Cost``) under the protocol with its block medians
+    """Each peer's latency (a ``collage.measuring.cost.Cost``) under the protocol with its block medians
     round by round, and the errors of peers
     that broke while being timed (a broken peer's calls then do nothing, so the others' rounds
     go on)."""
-    from collage.cost import Cost
-    from collage.timing import median_and_iqr, time_rounds
+    from collage.measuring.cost import Cost
+    from collage.measuring.timing import median_and_iqr, time_rounds
 
     errors: dict[str, str] = {}
 
@@ -200,7 +200,7 @@ def measure_model(
             records[peer] = failed_record(f"prepare: {one_line(error)}")
 
     print(f"  {name}: timing {', '.join(prepared)}", flush=True)
-    from collage.timing import busy_cores_by_others, cpu_seconds  # collage loads TVM: only after pin_threads
+    from collage.measuring.timing import busy_cores_by_others, cpu_seconds  # collage loads TVM: only after pin_threads
 
     before = cpu_seconds()
     timed, run_errors = time_peers(prepared, settings)
@@ -218,7 +218,7 @@ def measure_model(
 def metadata(settings: Settings) -> dict:
     """What a measurement ran on and how it was made: the CPU with its ISA flags (the fastest
     engine differs between a Zen 3 with AVX2 and a Zen 5 with AVX-512)."""
-    from collage.cost import Device, cpu_info
+    from collage.measuring.cost import Device, cpu_info
     versions = {}
     for package in VERSIONED_PACKAGES:
         try:
@@ -271,9 +271,9 @@ def speedups(results: dict[str, dict], ours: str = "collage") -> dict[str, tuple
 def paired_speedups(results: dict[str, dict], ours: str = "collage") -> dict[str, tuple[float, float, str]]:
     """Per model: (speed-up, its interquartile range, the best other peer). The best peer is
     the one with the lowest median; the speed-up is the median over rounds of that peer's
-    block median over ours in the same round (``collage.timing.paired_ratio``): on a shared
+    block median over ours in the same round (``collage.measuring.timing.paired_ratio``): on a shared
     host whose speed drifts from round to round, pairing within rounds cancels the drift."""
-    from collage.timing import paired_ratio
+    from collage.measuring.timing import paired_ratio
 
     out = {}
     for name, (ratio, best) in _median_speedups(results, ours).items():

@@ -19,10 +19,11 @@ import pathlib
 import time
 from collections import Counter
 
-from collage import runner, simplify
-from collage.backend import default_backends
-from collage.candidates import distinct, generate
-from collage.graph import DataflowGraph
+from collage.measuring import runner
+from collage.model import simplify
+from collage.candidates.backend import default_backends
+from collage.candidates.generate import distinct, generate
+from collage.model.graph import DataflowGraph
 from experiments import models
 
 RESULTS = pathlib.Path(__file__).parent / "results"

@@ -3,15 +3,15 @@
     python -m experiments.conversion_parity --model convnext regnet swinv2 ... [--rounds 7]
 
 For each model and each graph-level engine (ONNX Runtime, OpenVINO, both f32) two contenders
-are timed against each other with the project's protocol (``collage.timing.time_contenders``),
+are timed against each other with the project's protocol (``collage.measuring.timing.time_contenders``),
 both called directly, as the engines' users call them (``experiments.peers``):
 
 - ``export``: the engine on the file torch's exporter writes (``Workload.onnx``);
 - ``converted``: the engine on collage's conversion of the whole simplified Relax module
-  (``collage.onnx_convert.to_onnx``), the model an engine-alone finalist runs.
+  (``collage.candidates.onnx_convert.to_onnx``), the model an engine-alone finalist runs.
 
 The gap is the median over rounds of ``converted``'s block median over ``export``'s in the same
-round, minus one (``collage.timing.paired_ratio``): the aim is at most 3%. Where there is a gap,
+round, minus one (``collage.measuring.timing.paired_ratio``): the aim is at most 3%. Where there is a gap,
 the engines' own optimized graphs say why: the operator counts of ONNX Runtime's optimized
 model (``SessionOptions.optimized_model_filepath``) and of OpenVINO's runtime model (its
 ``layerType``s) are recorded for both files; ``fusions_lost`` lists the operator kinds the
@@ -39,9 +39,9 @@ ENGINES = {"onnxruntime": prepare_onnxruntime, "openvino": prepare_openvino}  # 
 def converted(w: models.Workload):
     """Collage's ONNX conversion of the whole simplified model, with torch's input names."""
     import collage
-    from collage.graph import DataflowGraph
-    from collage.onnx_convert import to_onnx
-    from collage.subgraph import SubGraph
+    from collage.model.graph import DataflowGraph
+    from collage.candidates.onnx_convert import to_onnx
+    from collage.candidates.subgraph import SubGraph
 
     graph = DataflowGraph(collage.simplify(w.relax)["main"])
     model = to_onnx(SubGraph(graph, frozenset(range(len(graph)))).extract())
@@ -70,7 +70,7 @@ def openvino_ops(model, threads: int) -> Counter:
 
 def measure(name: str, threads: int, rounds: int) -> dict:
     """The model's entry; with ``rounds=0`` the engines' graphs only, nothing timed."""
-    from collage.timing import Protocol, median_and_iqr, paired_ratio, time_rounds
+    from collage.measuring.timing import Protocol, median_and_iqr, paired_ratio, time_rounds
 
     w = models.load(name)
     files = {"export": w.onnx, "converted": converted(w)}
@@ -109,7 +109,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     pin_threads(args.threads)
-    from collage.cost import Device, cpu_info
+    from collage.measuring.cost import Device, cpu_info
 
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results["machine"] = {"cpu": Device.this_machine(args.threads).name, "cpu_info": cpu_info(),

@@ -118,8 +118,8 @@ def main(argv=None) -> None:
     import transformers
     import tvm
 
-    from collage.cost import cpu_info
-    from collage.threads import pin_threads
+    from collage.measuring.cost import cpu_info
+    from collage.measuring.threads import pin_threads
 
     pin_threads(args.threads)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

@@ -54,8 +54,8 @@ def _load_here(directory: str, io: str, threads: int) -> None:
     """The fresh process's side of ``loaded_in_fresh_process``."""
     started = time.perf_counter()
     import collage  # importing collage and its libraries is part of what a deployment pays
-    from collage.runner import to_tensors
-    from collage.timing import Protocol, time_contenders
+    from collage.measuring.runner import to_tensors
+    from collage.measuring.timing import Protocol, time_contenders
 
     imported_s = time.perf_counter() - started
     loaded = collage.load(directory, threads=threads)
@@ -97,7 +97,7 @@ def exported_entry(w: models.Workload, reference, threads: int) -> dict:
 def torch_compile_entry(w: models.Workload, reference, threads: int) -> dict:
     import torch
 
-    from collage.timing import Protocol, time_contenders
+    from collage.measuring.timing import Protocol, time_contenders
 
     import collage.api
 
@@ -130,7 +130,7 @@ def torch_compile_entry(w: models.Workload, reference, threads: int) -> dict:
 
 
 def run(names: list[str], threads: int, out: Path) -> dict:
-    from collage.threads import pin_threads
+    from collage.measuring.threads import pin_threads
 
     pin_threads(threads)
     results = json.loads(out.read_text()) if out.exists() else {}

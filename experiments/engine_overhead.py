@@ -3,21 +3,21 @@
     python -m experiments.engine_overhead --model squeezenet dcgan mobilenet_v2 ... [--threads 2]
 
 For each model and each inference engine (ONNX Runtime, OpenVINO), four contenders are timed
-against each other with the project's protocol (``collage.timing.time_contenders``):
+against each other with the project's protocol (``collage.measuring.timing.time_contenders``):
 
 - ``native``: the engine on the model's ONNX export, called from Python as its users call it
   (``experiments.peers``: ORT's ``run_with_ort_values``, OpenVINO's ``infer``);
-- ``file``: the same file inside a collage module (``collage.engine_alone``), called as
+- ``file``: the same file inside a collage module (``collage.placing.engine_alone``), called as
   ``OptimizedModule.bind`` calls it: the engine's kernel directly, on buffers bound once
   (DLPack, IOBinding), since ``main`` is that one kernel;
-- ``converted``: the whole model converted from Relax by collage (``collage.onnx_convert``),
+- ``converted``: the whole model converted from Relax by collage (``collage.candidates.onnx_convert``),
   in a collage module, with the engine's users' settings (``assemble.runs_alone``);
 - ``converted, spinning stops``: the same kernel as compiled for a placement among other
   libraries (ONNX Runtime's threads stop spinning after each run), to show what the
   per-placement setting buys.
 
 The overhead is the median over rounds of each collage module's block median over
-``native``'s in the same round, minus one (``collage.timing.paired_ratio``), with its
+``native``'s in the same round, minus one (``collage.measuring.timing.paired_ratio``), with its
 interquartile range: the aim is at most 2%. Results go to
 ``experiments/results/engine_overhead.json`` with the CPU and its ISA flags.
 """
@@ -43,15 +43,15 @@ def contenders(w: models.Workload, engine: str, threads: int) -> dict:
     import tvm
 
     import collage
-    from collage.assemble import assemble, bound_main
-    from collage.backend import BackendSet, default_backends
-    from collage.candidates import Candidate
-    from collage.cost import Cost
-    from collage.engine_alone import from_onnx_file
-    from collage.graph import DataflowGraph
-    from collage.placement import Partition
-    from collage.runner import build_vm
-    from collage.subgraph import SubGraph
+    from collage.assembling.assemble import assemble, bound_main
+    from collage.candidates.backend import BackendSet, default_backends
+    from collage.candidates.generate import Candidate
+    from collage.measuring.cost import Cost
+    from collage.placing.engine_alone import from_onnx_file
+    from collage.model.graph import DataflowGraph
+    from collage.placing.placement import Partition
+    from collage.measuring.runner import build_vm
+    from collage.candidates.subgraph import SubGraph
 
     backend = default_backends()[engine]
     original = w.relax
@@ -77,9 +77,9 @@ def contenders(w: models.Workload, engine: str, threads: int) -> dict:
 
 
 def _among_others(graph, whole, backend, threads):
-    from collage.assemble import assemble
-    from collage.backend import BackendSet
-    from collage.runner import compile_kernel
+    from collage.assembling.assemble import assemble
+    from collage.candidates.backend import BackendSet
+    from collage.measuring.runner import compile_kernel
 
     kernel, reason = compile_kernel(backend, whole.candidate.subgraph.extract(), whole.pattern, "llvm", threads, alone=False)
     if reason is not None:
@@ -89,7 +89,7 @@ def _among_others(graph, whole, backend, threads):
 
 
 def measure(name: str, threads: int, rounds: int) -> dict:
-    from collage.timing import Protocol, median_and_iqr, paired_ratio, time_rounds
+    from collage.measuring.timing import Protocol, median_and_iqr, paired_ratio, time_rounds
 
     w = models.load(name)
     entry = {}
@@ -114,7 +114,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     pin_threads(args.threads)
-    from collage.cost import Device, cpu_info
+    from collage.measuring.cost import Device, cpu_info
 
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     for name in args.model:

@@ -5,7 +5,7 @@
 For each model: its ONNX form run whole on ONNX Runtime and on OpenVINO (the peers' own
 settings, f32), and split in two at up to ``--cuts`` points where a single tensor crosses
 (one engine runs the first part, the other the rest, both directions), all timed in
-alternation with ``collage.timing.time_contenders`` (the project's protocol). Beside the times, the model's
+alternation with ``collage.measuring.timing.time_contenders`` (the project's protocol). Beside the times, the model's
 multiply-adds give the rate each engine reaches, against the rate of a large f32 matrix
 product on OpenVINO timed in the same alternation: how close to this machine's ceiling the
 best engine already is. Split parts run as collage's backends run them (ONNX Runtime's
@@ -35,8 +35,8 @@ def multiply_adds(mod) -> int:
     """Multiply-adds of the convolutions, transposed convolutions and matrix products of a
     Relax module's ``main`` (static shapes); element-wise work is left out, so rates are
     slight underestimates."""
-    from collage.graph import DataflowGraph
-    from collage.runner import static_shape
+    from collage.model.graph import DataflowGraph
+    from collage.measuring.runner import static_shape
 
     total = 0
     for node in DataflowGraph.from_module(mod):
@@ -103,7 +103,7 @@ def measure(name: str, threads: int, cuts: int, rounds: int) -> dict:
     import onnx
     from onnx import utils
 
-    from collage.timing import Protocol, time_contenders
+    from collage.measuring.timing import Protocol, time_contenders
 
     w = models.load(name)
     model = onnx.shape_inference.infer_shapes(w.onnx)

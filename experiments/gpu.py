@@ -7,7 +7,7 @@ For each model: ``collage.optimize`` with every backend that serves ``cuda`` her
 cuBLAS through PyTorch, TVM's CUDA codegen; TensorRT where it is installed), its report, its
 outputs checked against torch's; then collage's module timed against torch eager,
 ``torch.compile`` (inductor) and TVM CUDA alone (TVM's default pipeline: DLight's default
-schedules, untuned), in one run with the project's protocol (``collage.timing``), each call
+schedules, untuned), in one run with the project's protocol (``collage.measuring.timing``), each call
 followed by a device synchronization. ``--energy`` optimizes a model again with
 ``objective="energy"`` on NVML's counter (each candidate metered while timed) and reports it
 beside ``objective="time"``. The GPU's name, driver and library versions go with the results.
@@ -102,7 +102,7 @@ def run_model(name: str, cost_log: str, energy: bool) -> dict:
     import tvm
 
     import collage
-    from collage.timing import Protocol, time_contenders
+    from collage.measuring.timing import Protocol, time_contenders
 
     w = models.load(name)
     reference = w.reference()
@@ -150,7 +150,7 @@ def energy_beside_time(w: models.Workload, cost_log: str) -> dict:
     """``objective="energy"`` beside ``objective="time"``: each optimization's choice, and its
     time and energy per inference as its finalists measured them (NVML)."""
     import collage
-    from collage.meters import nvml
+    from collage.measuring.meters import nvml
 
     meter = nvml()
     found = {}

@@ -25,7 +25,7 @@ SIX = ["resnet50", "resnext50", "bert", "dcgan", "inception_v3", "squeezenet"]
 
 def one(model: str, budget_s: float, patience: int, threads: int, seed: int) -> dict:
     """One optimize with the graph-level search, in this process."""
-    from collage.threads import pin_threads
+    from collage.measuring.threads import pin_threads
 
     pin_threads(threads)
     import collage

@@ -95,7 +95,7 @@ def inputs_of(case) -> list[np.ndarray]:
 
 def _import(case, directory: Path):
     """The case's model imported as collage imports a file (``collage.load_onnx``)."""
-    from collage.frontend import load_onnx
+    from collage.model.frontend import load_onnx
 
     path = directory / f"{case.name}.onnx"
     onnx.save(case.model, path)
@@ -107,8 +107,8 @@ def run_tvm(case, directory: Path) -> Outcome:
     import tvm
     from tvm import relax
 
-    from collage.frontend import ModelImportError
-    from collage.runner import first_line, numpy_outputs
+    from collage.model.frontend import ModelImportError
+    from collage.measuring.runner import first_line, numpy_outputs
 
     try:
         mod, _ = _import(case, directory)
@@ -123,11 +123,11 @@ def run_tvm(case, directory: Path) -> Outcome:
 
 def run_collage(case, directory: Path, cost_log=None, backends=None, timing=None) -> Outcome:
     """``collage.optimize`` on the imported model, given the file as a user's CLI run would;
-    ``timing`` of each candidate (``collage.timing.Timing``; default optimize's)."""
+    ``timing`` of each candidate (``collage.measuring.timing.Timing``; default optimize's)."""
     import collage
-    from collage.timing import Timing
-    from collage.frontend import ModelImportError
-    from collage.runner import first_line
+    from collage.measuring.timing import Timing
+    from collage.model.frontend import ModelImportError
+    from collage.measuring.runner import first_line
 
     try:
         mod, path = _import(case, directory)
@@ -213,7 +213,7 @@ def finished(path: Path, cpu: str, runners, backends) -> dict[str, dict[str, Out
 
 
 def main(argv=None) -> None:
-    from collage.cost import Device
+    from collage.measuring.cost import Device
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--match", help="only cases whose name this regular expression finds")

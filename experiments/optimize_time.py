@@ -28,8 +28,8 @@ RUNNERS = ("worker", "in-process")
 
 def one(model: str, log: str, threads: int, runner: str) -> dict:
     """One optimize in this process; what it took."""
-    from collage.isolation import InProcess
-    from collage.threads import pin_threads
+    from collage.measuring.isolation import InProcess
+    from collage.measuring.threads import pin_threads
 
     pin_threads(threads)
     import collage
@@ -57,13 +57,13 @@ def main(argv=None) -> None:
     parser.add_argument("--model", nargs="+", default=["resnet50"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runner", nargs="+", choices=RUNNERS, default=list(RUNNERS),
-                        help="where candidates are measured (collage.isolation)")
+                        help="where candidates are measured (collage.measuring.isolation)")
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "LOG", "RUNNER"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(one(args.one[0], args.one[1], args.threads, args.one[2])))
         return
-    from collage.cost import cpu_info
+    from collage.measuring.cost import cpu_info
 
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for model in args.model:

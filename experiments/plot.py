@@ -8,7 +8,7 @@ logarithmic because untuned TVM can be a hundred times slower than the rest. Bar
 median; the whiskers span the interquartile range of the samples, centred on the median.
 
 ``plot_shares``: for each model, how collage's placement splits the estimated time among
-the backends (stacked to 100%), in the colours of the placement pictures (``collage.draw``).
+the backends (stacked to 100%), in the colours of the placement pictures (``collage.deploying.draw``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def plot_latency(results_json_path, png_path) -> None:
 def plot_shares(results_json_path, png_path) -> None:
     """One stacked bar per model: each backend's share of collage's estimated time. Models
     where collage failed or was not run are left out."""
-    from collage.draw import backend_colour
+    from collage.deploying.draw import backend_colour
 
     results = json.loads(Path(results_json_path).read_text())
     shares = {

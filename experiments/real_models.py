@@ -59,7 +59,7 @@ def onnx_file_path(w, backends, log, threads) -> dict:
     import onnx
 
     import collage
-    from collage.frontend import load_onnx
+    from collage.model.frontend import load_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
@@ -95,8 +95,8 @@ def main(argv=None) -> None:
     parser.add_argument("--full", action="store_true", help="the full configs, as benchmarked")
     args = parser.parse_args(argv)
 
-    from collage.cost import cpu_info
-    from collage.threads import pin_threads
+    from collage.measuring.cost import cpu_info
+    from collage.measuring.threads import pin_threads
     from experiments import models
 
     pin_threads(args.threads)

@@ -34,7 +34,7 @@ import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
 import collage  # noqa: E402
-from collage.simplify import op_count, op_histogram  # noqa: E402
+from collage.model.simplify import op_count, op_histogram  # noqa: E402
 from experiments import models  # noqa: E402
 
 RESULTS_DIR = Path(__file__).parent / "results"

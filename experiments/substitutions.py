@@ -93,8 +93,8 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    from collage.cost import Device
-    from collage.threads import default_threads
+    from collage.measuring.cost import Device
+    from collage.measuring.threads import default_threads
     from experiments import models
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

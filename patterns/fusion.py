@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collage.graph import TUPLE_GET_ITEM, Node
-from collage.subgraph import SubGraph
+from collage.model.graph import TUPLE_GET_ITEM, Node
+from collage.candidates.subgraph import SubGraph
 
-from .op_kinds import OpKind, op_kind
+from collage.patterns.op_kinds import OpKind, op_kind
 
 
 def is_anchor(kind: OpKind) -> bool:

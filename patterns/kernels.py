@@ -25,9 +25,9 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
-from collage.backend import Unsupported
-from collage.graph import ALIAS, DataflowGraph
-from collage.pattern import Match, Pattern
+from collage.candidates.backend import Unsupported
+from collage.model.graph import ALIAS, DataflowGraph
+from collage.candidates.pattern import Match, Pattern
 
 Rule = Callable[[Match], "str | None"]
 WithAnnotations = tuple[DFPattern, dict[str, DFPattern]]

@@ -12,8 +12,8 @@ import enum
 import tvm
 from tvm import relax
 
-from collage.graph import DataflowGraph, Node
-from collage.subgraph import SubGraph
+from collage.model.graph import DataflowGraph, Node
+from collage.candidates.subgraph import SubGraph
 
 
 class OpKind(enum.IntEnum):

@@ -11,9 +11,9 @@ import time
 import numpy as np
 from tvm import relax
 
-from collage.backend import OP_LEVEL, Backend, Unsupported
-from collage.cost import Cost
-from collage.pattern import PatternRule
+from collage.candidates.backend import OP_LEVEL, Backend, Unsupported
+from collage.measuring.cost import Cost
+from collage.candidates.pattern import PatternRule
 
 ELEMENTWISE = {"relax.nn.relu": lambda x: np.maximum(x, 0), "relax.exp": np.exp, "relax.sigmoid": lambda x: 0.5 * (1 + np.tanh(x / 2))}
 

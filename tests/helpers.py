@@ -7,10 +7,10 @@ import functools
 import numpy as np
 from tvm import relax
 
-from collage import runner
-from collage.candidates import distinct, generate
-from collage.graph import DataflowGraph
-from collage.simplify import simplify
+from collage.measuring import runner
+from collage.candidates.generate import distinct, generate
+from collage.model.graph import DataflowGraph
+from collage.model.simplify import simplify
 from experiments import models
 
 

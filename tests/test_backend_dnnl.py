@@ -6,10 +6,10 @@ from collage.backends import dnnl
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage import runner
-from collage.candidates import generate
-from collage.graph import DataflowGraph
-from collage.subgraph import SubGraph
+from collage.measuring import runner
+from collage.candidates.generate import generate
+from collage.model.graph import DataflowGraph
+from collage.candidates.subgraph import SubGraph
 from tests.helpers import failures, sample, with_weights_bound, zoo_candidates
 from tests.test_backend_mkl import Matmuls
 

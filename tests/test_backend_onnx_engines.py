@@ -13,13 +13,13 @@ import tvm
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage import runner
-from collage.backend import GRAPH_LEVEL, Unsupported
+from collage.measuring import runner
+from collage.candidates.backend import GRAPH_LEVEL, Unsupported
 from collage.backends import tensorrt as tensorrt_backend
 from collage.backends.openvino import with_precision
 from collage.backends.tvm import BACKEND as TVM
-from collage.candidates import generate
-from collage.graph import DataflowGraph
+from collage.candidates.generate import generate
+from collage.model.graph import DataflowGraph
 from tests.helpers import failures, sample, zoo_candidates, zoo_graph
 
 ENGINES = [("onnxruntime", "llvm"), ("openvino", "llvm"), ("tensorrt", "cuda")]

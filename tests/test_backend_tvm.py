@@ -3,10 +3,10 @@
 
 import pytest
 
-from collage import runner
+from collage.measuring import runner
 from collage.backends import tvm as tvm_backend
-from collage.candidates import generate
-from collage.graph import DataflowGraph
+from collage.candidates.generate import generate
+from collage.model.graph import DataflowGraph
 from experiments import models
 from tests.helpers import failures, sample, zoo_candidates, zoo_graph
 

@@ -8,11 +8,11 @@ from tvm.relax.dpl import is_op, wildcard
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage.backend import GRAPH_LEVEL, OP_LEVEL, Backend, BackendSet, default_backends
-from collage.candidates import MAX_GROUPS_PER_SEED, generate, grow_rule, match_pattern, region_parts, regions
-from collage.graph import DataflowGraph
-from collage.pattern import Pattern, PatternRule
-from collage.subgraph import SubGraph
+from collage.candidates.backend import GRAPH_LEVEL, OP_LEVEL, Backend, BackendSet, default_backends
+from collage.candidates.generate import MAX_GROUPS_PER_SEED, generate, grow_rule, match_pattern, region_parts, regions
+from collage.model.graph import DataflowGraph
+from collage.candidates.pattern import Pattern, PatternRule
+from collage.candidates.subgraph import SubGraph
 from collage.patterns.fusion import anchor_then_elementwise
 from collage.patterns.op_kinds import OpKind, op_kind
 
@@ -202,7 +202,7 @@ def test_rule_with_tuples_and_tuple_output():
 def test_densely_connected_element_wise_ops_grow_a_bounded_number_of_groups():
     # Each op reads the two before it (an unrolled LSTM's gates are as dense): the connected
     # groups of up to 8 are countless, and growing them all never finished.
-    from collage.candidates import GROUPS_PER_NODE, GROUPS_PER_SEED_PAST_BUDGET
+    from collage.candidates.generate import GROUPS_PER_NODE, GROUPS_PER_SEED_PAST_BUDGET
 
     x = relax.Var("x", relax.TensorType((4, 4), "float32"))
     bb = relax.BlockBuilder()

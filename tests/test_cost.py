@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from collage.cost import Cost, CostSource, Device
+from collage.measuring.cost import Cost, CostSource, Device
 
 
 def test_valid_cost_keeps_its_measurement():

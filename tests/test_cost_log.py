@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from collage.backend import OP_LEVEL, Backend
-from collage.candidates import Candidate
-from collage.cost import Cost, Device
-from collage.cost_log import CostLog, CostLogError, LogKey, Stats
+from collage.candidates.backend import OP_LEVEL, Backend
+from collage.candidates.generate import Candidate
+from collage.measuring.cost import Cost, Device
+from collage.measuring.cost_log import CostLog, CostLogError, LogKey, Stats
 
 KEY = LogKey(
     backend="dnnl",

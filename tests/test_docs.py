@@ -8,9 +8,9 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import collage
-from collage import runner
-from collage.candidates import generate
-from collage.graph import DataflowGraph
+from collage.measuring import runner
+from collage.candidates.generate import generate
+from collage.model.graph import DataflowGraph
 
 from .helpers import assert_close
 

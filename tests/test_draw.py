@@ -9,14 +9,14 @@ import time
 import pytest
 from tvm import relax
 
-from collage import draw as drawing
-from collage.optimized import OptimizedModule
-from collage.candidates import Candidate
-from collage.cost import Cost
-from collage.draw import BACKEND_COLOURS, GraphvizMissing, backend_colour, draw, to_dot
-from collage.graph import DataflowGraph
-from collage.placement import Partition
-from collage.subgraph import SubGraph
+from collage.deploying import draw as drawing
+from collage.deploying.optimized import OptimizedModule
+from collage.candidates.generate import Candidate
+from collage.measuring.cost import Cost
+from collage.deploying.draw import BACKEND_COLOURS, GraphvizMissing, backend_colour, draw, to_dot
+from collage.model.graph import DataflowGraph
+from collage.placing.placement import Partition
+from collage.candidates.subgraph import SubGraph
 
 needs_dot = pytest.mark.skipif(
     shutil.which("dot") is None, reason="Graphviz's `dot` is not installed (apt-get install graphviz)"

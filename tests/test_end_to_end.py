@@ -2,16 +2,16 @@
 
 import numpy as np
 
-from collage.backend import BackendSet, default_backends
-from collage.candidates import Candidate
-from collage.cost import Cost
-from collage.cost_log import CostLog
-from collage.end_to_end import EndToEnd, placement_name
-from collage.graph import DataflowGraph
-from collage.placement import Partition
-from collage.runner import random_inputs, run_reference
-from collage.subgraph import SubGraph
-from collage.timing import Timing
+from collage.candidates.backend import BackendSet, default_backends
+from collage.candidates.generate import Candidate
+from collage.measuring.cost import Cost
+from collage.measuring.cost_log import CostLog
+from collage.placing.end_to_end import EndToEnd, placement_name
+from collage.model.graph import DataflowGraph
+from collage.placing.placement import Partition
+from collage.measuring.runner import random_inputs, run_reference
+from collage.candidates.subgraph import SubGraph
+from collage.measuring.timing import Timing
 from tests.backends_for_tests import CANNOT_COMPILE, NUMPY, RAISES_WHEN_RUN, WRONG, CompilesOnlyOnce
 from tests.test_optimize import Unary
 

@@ -7,11 +7,11 @@ import pytest
 from tvm import relax
 
 import collage
-from collage.cost import Cost
-from collage.cost_log import CostLog
-from collage.meters import NoEnergyMeter, energy_meter
-from collage.objective import Objective
-from collage.timing import Timing, time_call
+from collage.measuring.cost import Cost
+from collage.measuring.cost_log import CostLog
+from collage.measuring.meters import NoEnergyMeter, energy_meter
+from collage.placing.objective import Objective
+from collage.measuring.timing import Timing, time_call
 from tests.backends_for_tests import ClockMeter
 
 FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.3, budget_s=0.3)
@@ -25,7 +25,7 @@ def test_a_metered_call_has_the_energy_its_meter_read():
 
 
 def test_contenders_timed_with_a_meter_have_each_their_energy():
-    from collage.timing import Protocol, time_contenders
+    from collage.measuring.timing import Protocol, time_contenders
 
     calls = {"short": lambda: sum(range(2000)), "long": lambda: sum(range(20000))}
     costs = time_contenders(calls, Protocol(rounds=3, block_ms=5.0, settle_s=0.0, warmup_s=0.01), ClockMeter(watts=100.0))
@@ -35,7 +35,7 @@ def test_contenders_timed_with_a_meter_have_each_their_energy():
 
 
 def test_finalists_are_chosen_by_the_objective():
-    from collage.finalists import choose
+    from collage.placing.finalists import choose
 
     # A slower placement that draws less power: the best for energy, not for time.
     measured = {"fast": Cost.of(1.0, 0.01, energy_mj=60.0), "frugal": Cost.of(1.3, 0.01, energy_mj=40.0)}
@@ -51,7 +51,7 @@ def test_finalists_are_chosen_by_the_objective():
 
 
 def test_energy_is_logged_beside_time_and_filled_in_later(tmp_path):
-    from collage.cost_log import LogKey
+    from collage.measuring.cost_log import LogKey
 
     log = CostLog(tmp_path / "c.sqlite")
     key = LogKey("tvm", "TVM 0.27", "k", "cpu", 2, "float32", "tvm.fused")
@@ -100,7 +100,7 @@ def _bottleneck():
 
 
 def test_optimize_for_energy_measures_energy_and_searches_with_it(tmp_path):
-    from collage.isolation import InProcess
+    from collage.measuring.isolation import InProcess
 
     mod = _bottleneck()
     opt = collage.optimize(mod, backends=["tvm"], cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from collage.evolve import search
+from collage.placing.evolve import search
 
 
 def blocks_latency(bits):

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import collage
-from collage.cost import Device
-from collage.exported import ExportError, ExportWarning, read_manifest
-from collage.saved import placement_record
+from collage.measuring.cost import Device
+from collage.deploying.exported import ExportError, ExportWarning, read_manifest
+from collage.deploying.saved import placement_record
 from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
 
 BACKENDS = ["tvm", "onnxruntime"]

@@ -14,20 +14,19 @@ from onnx import numpy_helper
 from tvm import relax
 
 import collage
-from collage.assemble import runs_alone
-from collage.backend import default_backends
-from collage.candidates import Candidate
-from collage.cost import Cost
-from collage.engine_alone import blockers, blockers_text
-from collage.finalists import (
-    ATTEMPTS, MAX_OTHERS_BUSY, MAX_ROUNDS, NOISE_FLOOR, Race, Verdict, choose, time_finalists, within_noise,
-)  # fmt: skip
-from collage.graph import DataflowGraph
-from collage.placement import Partition
-from collage.report import dominant_tvm_ops
-from collage.subgraph import SubGraph
-from collage.runner import build_vm
-from collage.timing import Protocol, Timing
+from collage.assembling.assemble import runs_alone
+from collage.candidates.backend import default_backends
+from collage.candidates.generate import Candidate
+from collage.measuring.cost import Cost
+from collage.placing.engine_alone import blockers, blockers_text
+from collage.placing.finalists import (ATTEMPTS, MAX_OTHERS_BUSY, MAX_ROUNDS, NOISE_FLOOR, Race, Verdict, choose,
+                                       time_finalists, within_noise)  # fmt: skip
+from collage.model.graph import DataflowGraph
+from collage.placing.placement import Partition
+from collage.deploying.report import dominant_tvm_ops
+from collage.candidates.subgraph import SubGraph
+from collage.measuring.runner import build_vm
+from collage.measuring.timing import Protocol, Timing
 from collage.record import FinalistKind, FinalistName
 from experiments import models
 
@@ -268,9 +267,9 @@ def test_finalists_are_timed_again_while_another_process_keeps_a_core_busy():
 
 
 def test_a_whole_model_engine_is_called_without_the_vm_and_a_mixed_placement_through_it():
-    from collage.assemble import assemble, bound_main
-    from collage.engine_alone import from_onnx_file
-    from collage.runner import numpy_outputs, to_tensors
+    from collage.assembling.assemble import assemble, bound_main
+    from collage.placing.engine_alone import from_onnx_file
+    from collage.measuring.runner import numpy_outputs, to_tensors
 
     w = models.load("mlp")
     graph = DataflowGraph(w.relax["main"])

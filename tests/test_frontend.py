@@ -10,8 +10,8 @@ import torch
 import tvm
 
 import collage
-from collage.frontend import ModelImportError, import_model
-from collage.timing import Timing
+from collage.model.frontend import ModelImportError, import_model
+from collage.measuring.timing import Timing
 from collage.record import FinalistKind, FinalistName
 from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
 

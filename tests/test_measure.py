@@ -5,16 +5,16 @@ import time
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage.backend import BackendSet, default_backends
-from collage.candidates import generate
-from collage.cost import Cost
+from collage.candidates.backend import BackendSet, default_backends
+from collage.candidates.generate import generate
+from collage.measuring.cost import Cost
 from collage.config import Config
-from collage.cost_log import CostLog
-from collage.graph import DataflowGraph
-from collage.isolation import InProcess, WorkerProcess
-from collage.measure import Measurer
-from collage.timing import Protocol, Timing, time_call, time_contenders
-from collage.transition import measure_transition
+from collage.measuring.cost_log import CostLog
+from collage.model.graph import DataflowGraph
+from collage.measuring.isolation import InProcess, WorkerProcess
+from collage.measuring.measure import Measurer
+from collage.measuring.timing import Protocol, Timing, time_call, time_contenders
+from collage.measuring.transition import measure_transition
 from tests import backends_for_tests
 from tests.backends_for_tests import (BATCH_ABORTS, BATCH_REJECTED, CANNOT_COMPILE, NUMPY, RAISES_WHEN_RUN,
                                        TOGETHER, WRONG)
@@ -99,7 +99,7 @@ def test_a_second_run_measures_nothing(tmp_path):
 
 
 def test_a_library_that_compiles_several_at_once_gets_its_candidates_in_batches(tmp_path, monkeypatch):
-    from collage import measure
+    from collage.measuring import measure
 
     monkeypatch.setattr(measure, "BATCH", 4)
     backends_for_tests.BATCHES.clear()
@@ -133,7 +133,7 @@ def test_candidates_no_winning_placement_would_use_are_not_measured_nor_logged(t
     # Entering NumPy priced at 1 ms: TVM runs every sub-graph NumPy has a candidate for in
     # microseconds, so none is worth measuring (measure.SearchBound) but the whole model's,
     # a finalist of its own.
-    from collage.measure import TVM_CHEAPER, WHOLE_MODEL_FASTER
+    from collage.measuring.measure import TVM_CHEAPER, WHOLE_MODEL_FASTER
 
     monkeypatch.setattr(Measurer, "transition_ms", lambda self, backend: 1.0 if backend == "numpy" else 0.0)
     graph = DataflowGraph.from_module(Unary)
@@ -165,8 +165,8 @@ def test_candidates_run_on_the_values_the_model_computes_with_no_reference_compi
     import numpy as np
     import tvm_ffi
 
-    from collage import isolation
-    from collage.runner import random_inputs
+    from collage.measuring import isolation
+    from collage.measuring.runner import random_inputs
 
     def no_reference(*args):
         raise AssertionError("a sub-graph's reference was compiled on its own")
@@ -266,7 +266,7 @@ def test_a_slow_contender_leaves_the_rounds_when_its_budget_share_is_spent():
 def test_a_paired_ratio_cancels_drift_between_rounds():
     import pytest
 
-    from collage.timing import paired_ratio
+    from collage.measuring.timing import paired_ratio
 
     drift = [1.0, 1.5, 0.8, 1.2]  # the machine's speed, round by round
     ratio, spread = paired_ratio([2.0 * d for d in drift], [1.0 * d for d in drift])
@@ -280,7 +280,7 @@ def test_a_task_travels_as_text_and_arrays_and_arrives_whole():
     import numpy as np
     import tvm_ffi
 
-    from collage.isolation import MeasureTask, weights_out
+    from collage.measuring.isolation import MeasureTask, weights_out
 
     w = np.arange(64 * 64, dtype="float32").reshape(64, 64)
 

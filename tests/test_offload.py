@@ -3,14 +3,14 @@
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage.backend import GRAPH_LEVEL, Backend
-from collage.candidates import Candidate
-from collage.cost import Cost
-from collage.graph import DataflowGraph
-from collage.offload import OffloadSpace, convex_pieces, in_running_order
-from collage.pattern import PatternRule
-from collage.placement import Partition
-from collage.subgraph import SubGraph
+from collage.candidates.backend import GRAPH_LEVEL, Backend
+from collage.candidates.generate import Candidate
+from collage.measuring.cost import Cost
+from collage.model.graph import DataflowGraph
+from collage.placing.offload import OffloadSpace, convex_pieces, in_running_order
+from collage.candidates.pattern import PatternRule
+from collage.placing.placement import Partition
+from collage.candidates.subgraph import SubGraph
 from tests.test_placement import Diamond  # exp -> (relu, sigmoid) -> add
 
 

@@ -11,10 +11,10 @@ import pytest
 from onnx import numpy_helper
 from tvm import relax
 
-from collage import runner
-from collage.backend import Unsupported
-from collage.graph import DataflowGraph
-from collage.onnx_convert import CONVERTERS, IR_VERSION, OPSET, supports, to_onnx
+from collage.measuring import runner
+from collage.candidates.backend import Unsupported
+from collage.model.graph import DataflowGraph
+from collage.candidates.onnx_convert import CONVERTERS, IR_VERSION, OPSET, supports, to_onnx
 from experiments import models
 from experiments.conversion_parity import onnxruntime_ops
 

@@ -6,7 +6,7 @@ each way collage used to lose a case TVM ran (NaN in a reference, importer idiom
 
 import pytest
 
-from collage.timing import Timing
+from collage.measuring.timing import Timing
 from experiments.onnx_node_tests import CRASHED, RIGHT, case_named, run_collage, run_tvm
 
 BACKENDS = ["tvm", "onnxruntime", "openvino"]

@@ -9,12 +9,12 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import collage
-from collage.backend import BackendSet, default_backends
-from collage.cost import Cost
-from collage.cost_log import CostLog
-from collage.isolation import InProcess, WorkerProcess
+from collage.candidates.backend import BackendSet, default_backends
+from collage.measuring.cost import Cost
+from collage.measuring.cost_log import CostLog
+from collage.measuring.isolation import InProcess, WorkerProcess
 from collage.record import OP_LEVEL, SUBSTITUTED, FinalistKind, FinalistName
-from collage.timing import Timing
+from collage.measuring.timing import Timing
 from experiments import models
 from tests.backends_for_tests import (ABORTS, CANNOT_COMPILE, HANGS, NUMPY, WRONG, CompilesOnlyOnce, RightOnlyWhenMeasured,
                                      compile_elementwise, variant)
@@ -154,12 +154,12 @@ def test_partitions_that_fail_to_compile_for_the_model_fall_back_to_tvm(tmp_path
 def test_every_partition_failing_to_compile_falls_back_however_many_there_are():
     # Five single-op partitions on a backend that cannot compile: more failures than check
     # rounds, and each must still fall back (compile failures are not check rounds).
-    from collage.checked import MAX_CHECK_ROUNDS, assemble_and_check
-    from collage.candidates import Candidate
-    from collage.cost import Cost
-    from collage.graph import DataflowGraph
-    from collage.placement import Partition, Placement
-    from collage.subgraph import SubGraph
+    from collage.assembling.checked import MAX_CHECK_ROUNDS, assemble_and_check
+    from collage.candidates.generate import Candidate
+    from collage.measuring.cost import Cost
+    from collage.model.graph import DataflowGraph
+    from collage.placing.placement import Partition, Placement
+    from collage.candidates.subgraph import SubGraph
 
     graph = DataflowGraph.from_module(Unary)
     parts = [Partition(Candidate(SubGraph(graph, frozenset({i})), CANNOT_COMPILE.name, "cannot.op"), Cost.of(1.0))

@@ -7,12 +7,12 @@ import pytest
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage.candidates import Candidate
-from collage.cost import Cost
-from collage.graph import DataflowGraph
-from collage.measure import SearchBound
-from collage.placement import PlacementError, place
-from collage.subgraph import SubGraph
+from collage.candidates.generate import Candidate
+from collage.measuring.cost import Cost
+from collage.model.graph import DataflowGraph
+from collage.measuring.measure import SearchBound
+from collage.placing.placement import PlacementError, place
+from collage.candidates.subgraph import SubGraph
 
 
 class PriceList:

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import collage
-from collage.frontend import load_onnx
-from collage.timing import Timing
+from collage.model.frontend import load_onnx
+from collage.measuring.timing import Timing
 from experiments import models
 from tests.helpers import assert_close
 

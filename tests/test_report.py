@@ -3,8 +3,8 @@ capped, skipped and left out, with nothing parsed back from text."""
 
 import math
 
-from collage.cost import Cost
-from collage.optimized import OptimizedModule
+from collage.measuring.cost import Cost
+from collage.deploying.optimized import OptimizedModule
 from collage.record import OP_LEVEL, FinalistKind, FinalistName, FinalistResult, RunRecord
 
 ON_FILE = FinalistName(FinalistKind.ENGINE_ON_FILE, "openvino")

@@ -3,7 +3,7 @@
 import numpy as np
 from tvm import relax
 
-from collage.runner import mismatch, random_inputs
+from collage.measuring.runner import mismatch, random_inputs
 
 
 # -- what "matches" means --

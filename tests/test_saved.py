@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import collage
-from collage.saved import PlacementFileError, read_placement
+from collage.deploying.saved import PlacementFileError, read_placement
 from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
 
 BACKENDS = ["tvm", "onnxruntime"]

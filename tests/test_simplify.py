@@ -13,7 +13,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import collage
-from collage.simplify import op_count, op_histogram
+from collage.model.simplify import op_count, op_histogram
 from experiments import models
 
 RNG = np.random.default_rng(0)

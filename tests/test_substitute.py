@@ -1,4 +1,4 @@
-"""Substitution rules (collage.substitute): each computes what its source computed, fires where
+"""Substitution rules (collage.placing.substitute): each computes what its source computed, fires where
 it should and not on a near miss; and MetaFlow's backtracking search finds what brute force
 finds, greedily at alpha = 1."""
 
@@ -10,9 +10,9 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from collage import substitute
-from collage.graph import DataflowGraph
-from collage.runner import build_vm
+from collage.placing import substitute
+from collage.model.graph import DataflowGraph
+from collage.measuring.runner import build_vm
 
 RNG = np.random.default_rng(0)
 

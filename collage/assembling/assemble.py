@@ -1,0 +1,223 @@
+"""Assembly: a placement becomes one Relax module that the Relax VM runs.
+
+Each partition becomes one call in a new ``main``, in the placement's order:
+
+- a ``tvm`` partition of several ops becomes a private function marked ``Primitive``, which
+  TVM's default pipeline legalizes and fuses into one kernel (FuseTIR), exactly the group the
+  placement chose; a single op stays inline, where TVM's own FuseOps may still fuse it;
+- a partition of any other backend is compiled by that backend (with its own weights) into a
+  kernel, registered as a global function, and called with ``call_dps_packed``: the VM
+  allocates the outputs and passes every tensor to the kernel by DLPack, without a copy.
+
+``assemble`` returns the module and the kernels it calls; the kernels stay registered while
+the returned ``Assembly`` lives. It also keeps what each kernel was compiled from
+(``KernelSource``), so that an exported module (``collage.deploying.exported``) can compile it again.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from ..candidates.backend import REFERENCE_BACKEND, BackendSet
+from ..candidates.subgraph import Remap, SubGraph
+from ..measuring.runner import compile_kernel, static_shape
+from ..model.graph import CALLEES_ATTR, DataflowGraph
+from ..placing.placement import Partition
+
+_assembly_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """What one kernel outside TVM was compiled from: a sub-graph of the model (compiled by
+    ``runner.compile_kernel``), or an ONNX model an engine runs whole (``onnx_model``, by
+    ``Backend.compile_onnx``). ``alone``: compiled with the engine's users' own settings."""
+
+    backend: str
+    pattern: str
+    alone: bool
+    subgraph: SubGraph | None = None
+    onnx_model: object | None = None  # onnx.ModelProto
+
+
+@dataclass
+class Assembly:
+    """The assembled module and, for each partition outside TVM, the name its kernel is
+    registered under and what it was compiled from (``sources``, by name). The names are
+    unregistered when the Assembly is collected, so the libraries' sessions do not outlive
+    their module."""
+
+    module: tvm.IRModule
+    kernels: list[tuple[Partition, str, object]] = field(default_factory=list)  # (partition, name, kernel)
+    sources: dict[str, KernelSource] = field(default_factory=dict)
+
+    def __post_init__(self):
+        weakref.finalize(self, _unregister, [name for _, name, _ in self.kernels])
+
+
+def bound_main(assembly: Assembly, vm: relax.VirtualMachine, inputs: list, device) -> Callable[[], object]:
+    """``main`` on ``inputs``, bound once for a caller that runs the same buffers again and
+    again (a serving loop, a benchmark, the finalists' race): a call with no arguments that
+    returns ``main``'s outputs.
+
+    When ``main`` is nothing but one library kernel on its parameters (an engine running the
+    whole model), the call goes to that kernel directly, into output tensors allocated here
+    once and overwritten by each call, as an engine's own infer request does. Through the VM,
+    the same call cost 10-20 us more than the engine's own (DeiT-tiny on OpenVINO, 2-core
+    Xeon: 662 us against 643): the VM's and the FFI's call path, evicted from the caches by the
+    engine's run, is cold on every call (a VM call of a Python no-op took 1.3 us warm, 13.8
+    us after 8 MB of other work). Otherwise each call runs ``main`` on the VM."""
+    direct = _sole_kernel(assembly)
+    if direct is None:
+        return functools.partial(vm["main"], *inputs)
+    kernel, out_ty = direct
+    out_types = list(out_ty.fields) if isinstance(out_ty, relax.TupleType) else [out_ty]
+    outputs = [tvm.runtime.empty(static_shape(t), str(t.dtype), device) for t in out_types]
+    result = tuple(outputs) if isinstance(out_ty, relax.TupleType) else outputs[0]
+    tensors = [*inputs, *outputs]
+
+    def call():
+        kernel(*tensors)
+        return result
+
+    return call
+
+
+def _sole_kernel(assembly: Assembly):
+    """(kernel, output type) when ``main`` is one ``call_dps_packed`` of a library kernel on
+    all of its parameters in order, returned as it is; else None."""
+    main = assembly.module["main"]
+    bindings = [b for block in main.body.blocks for b in block.bindings]
+    if len(bindings) != 1 or not main.body.body.same_as(bindings[0].var):
+        return None
+    call = bindings[0].value
+    if not (isinstance(call, relax.Call) and call.op.same_as(tvm.ir.Op.get("relax.call_dps_packed"))):
+        return None
+    callee, args = call.args[0], call.args[1]
+    if not isinstance(callee, relax.ExternFunc) or len(args.fields) != len(main.params):
+        return None
+    if not all(a.same_as(p) for a, p in zip(args.fields, main.params)):
+        return None
+    kernels = {name: kernel for _, name, kernel in assembly.kernels}
+    if callee.global_symbol not in kernels:
+        return None
+    return kernels[callee.global_symbol], call.ty
+
+
+def _unregister(names: list[str]) -> None:
+    for name in names:
+        tvm_ffi.remove_global_func(name)
+
+
+class PartitionFailed(Exception):
+    """A backend could not compile one partition of the placement."""
+
+    def __init__(self, partition: Partition, reason: str):
+        super().__init__(f"{partition}: {reason}")
+        self.partition, self.reason = partition, reason
+
+
+def assemble(
+    graph: DataflowGraph,
+    partitions: list[Partition] | tuple[Partition, ...],
+    backends: BackendSet,
+    target: str = "llvm",
+    returns: list[int] | None = None,
+    compiled: dict | None = None,
+    *,
+    threads: int = 0,
+) -> Assembly:
+    """The module running ``partitions`` (which cover ``graph`` and are in an order that
+    runs), each library's kernel compiled for ``threads`` threads (0: its default). ``returns`` makes ``main`` return those nodes' values instead of the graph's result
+    (to read intermediate values). ``compiled`` maps (backend, pattern, nodes) to kernels
+    compiled before, and gains the new ones: a search assembling many placements compiles each
+    partition once. Raises ``PartitionFailed`` when a backend cannot compile its partition."""
+    func = graph.func
+    prefix = f"collage_{next(_assembly_ids)}"
+    bb = relax.BlockBuilder()
+    remap = Remap({})  # old var -> new expr
+    kernels, sources = [], {}
+    with bb.function("main", list(func.params), dict(func.attrs) if func.attrs else None):
+        with bb.dataflow():
+            for k, part in enumerate(partitions):
+                sub = part.candidate.subgraph
+                if part.backend == REFERENCE_BACKEND and len(sub) == 1:
+                    node = graph[next(iter(sub.nodes))]
+                    remap.mapping[node.var] = bb.emit(remap.visit_expr(node.value))
+                    continue
+                if part.backend == REFERENCE_BACKEND:
+                    callee = sub.extract(lift_constants=True).without_attr(CALLEES_ATTR)
+                    callee = callee.without_attr("global_symbol").with_attr("Primitive", True)
+                    gv = bb.add_func(callee, f"{prefix}_{k}_tvm")
+                    args = [remap.visit_expr(a) for a in sub.arguments(lift_constants=True)]
+                    result = bb.emit(relax.Call(gv, args))
+                else:
+                    name, alone = f"{prefix}.{k}.{part.backend}", runs_alone(part, partitions)
+                    try:
+                        kernel = _compile(part, backends, target, threads, compiled, alone)
+                    except PartitionFailed:
+                        _unregister([n for _, n, _ in kernels])  # no Assembly will own them
+                        raise
+                    kernels.append((part, name, kernel))
+                    sources[name] = KernelSource(part.backend, part.pattern, alone, subgraph=sub)
+                    tvm.register_global_func(name, kernel, override=True)
+                    args = [remap.visit_expr(a) for a in sub.arguments(lift_constants=False)]
+                    out_ty = [graph[i].ty for i in sub.outputs]
+                    result = bb.emit(
+                        relax.call_dps_packed(name, relax.Tuple(args), out_ty=out_ty if len(out_ty) > 1 else out_ty[0])
+                    )
+                if len(sub.outputs) == 1:
+                    remap.mapping[graph[sub.outputs[0]].var] = result
+                else:
+                    for j, i in enumerate(sub.outputs):
+                        remap.mapping[graph[i].var] = bb.emit(relax.TupleGetItem(result, j))
+            value = graph.result if returns is None else relax.Tuple([graph[i].var for i in returns])
+            out = bb.emit_output(remap.visit_expr(value))
+        bb.emit_func_output(out)
+    module = bb.get()
+    for gv, func in graph.callees.items():  # what TVM's partitions call (importers' PrimFuncs)
+        module[gv] = func
+    return Assembly(module, kernels, sources)
+
+
+# An engine partition keeps its users' settings (threads spinning between runs) when nothing of
+# another library runs between its calls: it is the only partition outside TVM, and TVM's
+# partitions take at most this share of its time (reshapes, a final add). Otherwise its threads
+# would take the cores from the next library's kernel.
+TRIVIAL_SHARE = 0.05
+
+
+def runs_alone(part: Partition, partitions) -> bool:
+    """Whether nothing of another library runs beside ``part``'s kernel in the placement."""
+    others = [p for p in partitions if p is not part]
+    if any(p.backend != REFERENCE_BACKEND for p in others):
+        return False
+    if not others:
+        return True
+    rest = sum(p.cost_ms for p in others)
+    return math.isfinite(rest) and math.isfinite(part.cost_ms) and rest <= TRIVIAL_SHARE * part.cost_ms
+
+
+def _compile(part: Partition, backends: BackendSet, target: str, threads: int, compiled: dict | None, alone: bool):
+    """The partition's kernel; ``PartitionFailed`` with the reason when there is none (the
+    caller falls the partition back to TVM)."""
+    key = (part.backend, part.pattern, part.nodes, alone)
+    if compiled is not None and key in compiled:
+        kernel, reason = compiled[key]
+    else:
+        func = part.candidate.subgraph.extract()
+        kernel, reason = compile_kernel(backends[part.backend], func, part.pattern, target, threads, alone)
+        if compiled is not None:
+            compiled[key] = (kernel, reason)
+    if reason is not None:
+        raise PartitionFailed(part, reason)
+    return kernel

@@ -1,0 +1,90 @@
+"""Assembly with its check: a placement becomes a module that computes what the unoptimized
+one does. Partitions that fail to compile, or whose kernels disagree with TVM inside the
+model, fall back to TVM, op by op, and the check repeats."""
+
+from __future__ import annotations
+
+import math
+
+from ..candidates.backend import BackendSet
+from ..errors import OptimizeError
+from ..measuring.runner import build_vm, device_for, mismatch, numpy_outputs, run_kernel, to_tensors
+from ..placing.end_to_end import wrong_result
+from ..placing.finalists import Finalist
+from ..placing.placement import Partition, Placement, tvm_op
+from .assemble import Assembly, PartitionFailed, assemble
+
+MAX_CHECK_ROUNDS = 3
+
+
+def as_tvm_runs_it(original, prepared, arrays, expected, target) -> Finalist:
+    """A model with nothing to place (``prepare.Unplaceable``) as TVM alone runs it, as a
+    finalist with no partition: the simplified module when it computes ``expected`` on
+    ``arrays`` as the unoptimized one does, else the unoptimized one."""
+    module, vm = prepared, build_vm(prepared, target)
+    if prepared is not original and wrong_result(vm, to_tensors(arrays, device_for(target)), expected) is not None:
+        module, vm = original, build_vm(original, target)
+    return Finalist([], Assembly(module), vm, math.nan)
+
+
+def assemble_and_check(graph, placement: Placement, expected, arrays, backends, target, threads: int = 0) -> Finalist:
+    """Assemble, compile and compare with the unoptimized module's ``expected`` outputs on
+    ``arrays``, each library on ``threads`` threads. Partitions that fail to compile, or whose kernels disagree with TVM inside
+    the model, fall back to TVM, and the check repeats. Returns the assembly with its VM, the
+    partitions it runs and the fallbacks with their reasons."""
+    device = device_for(target)
+    partitions = list(placement.partitions)
+    fallbacks: list[tuple[Partition, str]] = []
+    checks = 0
+    while True:
+        try:
+            assembly = assemble(graph, partitions, backends, target, threads=threads)
+        except PartitionFailed as failed:
+            # Not a check round: each failure sends one more partition to TVM, so this ends.
+            fallbacks.append((failed.partition, failed.reason))
+            partitions = _fall_back(graph, partitions, [failed.partition])
+            continue
+        vm = build_vm(assembly.module, target)
+        problem = wrong_result(vm, to_tensors(arrays, device), expected)
+        if problem is None:
+            return Finalist(partitions, assembly, vm, placement.estimated_ms, fallbacks)
+        checks += 1
+        if checks == MAX_CHECK_ROUNDS:
+            raise OptimizeError(f"the assembled module still disagrees with the unoptimized one: {problem}")
+        culprits = _culprits(graph, assembly, arrays, target) or [p for p, _, _ in assembly.kernels]
+        fallbacks += [(p, f"wrong inside the assembled model ({problem})") for p in culprits]
+        partitions = _fall_back(graph, partitions, culprits)
+
+
+def _fall_back(graph, partitions, failing) -> list[Partition]:
+    """``failing`` partitions replaced by their ops, one by one on TVM (inline, so TVM's own
+    fusion regroups them)."""
+    out = []
+    for p in partitions:
+        if any(p is f for f in failing):
+            out += [tvm_op(graph, i, "tvm.fallback") for i in sorted(p.nodes)]
+        else:
+            out.append(p)
+    return out
+
+
+def _culprits(graph, assembly, arrays, target) -> list[Partition]:
+    """The partitions outside TVM whose kernels, fed TVM's values for their inputs, disagree
+    with TVM's values for their outputs."""
+    needed = sorted({i for p, _, _ in assembly.kernels for i in (*p.candidate.subgraph.input_nodes, *p.candidate.subgraph.outputs)})
+    on_tvm = [tvm_op(graph, i, "tvm.reference") for i in range(len(graph))]
+    probe = assemble(graph, on_tvm, BackendSet(), target, returns=needed).module
+    values = dict(zip(needed, numpy_outputs(build_vm(probe, target)["main"](*to_tensors(arrays, device_for(target))))))
+    params = {p: a for p, a in zip(graph.func.params, arrays)}
+    culprits = []
+    for part, _, kernel in assembly.kernels:
+        sub = part.candidate.subgraph
+        feed = [params[v] if v in params else values[graph.index_of_var[v]] for v in sub.arguments()]
+        try:
+            got = run_kernel(kernel, sub.extract(), feed, device_for(target))
+        except Exception:  # a kernel that raises inside the model is as wrong as a wrong one
+            culprits.append(part)
+            continue
+        if mismatch(got, [values[i] for i in sub.outputs]) is not None:
+            culprits.append(part)
+    return culprits

@@ -1,0 +1,190 @@
+"""The pattern generator: every legal (sub-graph, backend) pairing on one workload.
+
+A Candidate is a connected, convex sub-graph, with only tensors crossing its boundary, that
+one backend can run as one unit, found by
+one of its explicit patterns or grown by one of its pattern rules. Candidates with the same
+``key`` (backend, pattern, structural key of the sub-graph) compile to the same kernel and
+are measured once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from ..model.graph import DataflowGraph
+from .backend import GRAPH_LEVEL
+from .pattern import Pattern, PatternRule
+from .subgraph import SubGraph
+
+REGION_SUFFIX = ".region"  # an inference engine's largest-region candidates are named "<backend>.region"
+PART_SUFFIX = ".part"  # "<backend>.part": the first or the last part of such a region, cut at one tensor
+MAX_CUTS = 4  # cut places per region, spread evenly over it
+# Groups grown from one seed, smallest first. Where element-wise operators are densely
+# connected the connected groups of up to ``max_size`` are countless (an LSTM unrolled over
+# 20 steps: 690,000 from one seed, and optimize never got past generating them); the zoo's
+# busiest seed grows 232 (NASNet's concatenations).
+MAX_GROUPS_PER_SEED = 256
+# Past this many groups per node of the graph (the zoo grows at most 10), each further seed
+# grows only its smallest few: every operator keeps its small fusions, and the count stays
+# linear in the graph.
+GROUPS_PER_NODE = 12
+GROUPS_PER_SEED_PAST_BUDGET = 8
+
+
+@dataclass(frozen=True)
+class Candidate:
+    subgraph: SubGraph
+    backend: str
+    pattern: str  # the Pattern's or PatternRule's name
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.backend, self.pattern, self.subgraph.structural_key)
+
+    def __repr__(self):
+        return f"Candidate({self.backend}, {self.pattern}, {sorted(self.subgraph.nodes)})"
+
+
+def distinct(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """The first candidate of each key, in order: what gets compiled and measured."""
+    first: dict[tuple[str, str, str], Candidate] = {}
+    for c in candidates:
+        first.setdefault(c.key, c)
+    return list(first.values())
+
+
+def match_pattern(graph: DataflowGraph, pattern: Pattern) -> Iterator[SubGraph]:
+    """Each place ``pattern`` matches, at most one match per root node."""
+    for node in graph:
+        match = pattern.match(graph, node)
+        if match is not None:
+            yield match.subgraph
+
+
+def grow_rule(graph: DataflowGraph, rule: PatternRule, capped: dict[str, int] | None = None) -> Iterator[SubGraph]:
+    """Every connected, convex group with a tensor boundary the rule can grow, each once.
+
+    From each valid seed, groups grow by one valid neighbour at a time (producer or
+    consumer) while the fusion rule allows it, the group stays convex and its size stays
+    within ``max_size``. Non-convex groups are not grown further: dropping a first or last
+    member keeps a group convex, so a convex group is reached through convex ones whenever
+    such a member can go without disconnecting the rest, which holds for the chains, fans
+    and diamonds of real models. It keeps the search from wandering through values shared
+    far apart (BERT's attention mask feeds every layer).
+
+    Groups grow breadth first, so the smallest come first, and each seed grows at most
+    ``MAX_GROUPS_PER_SEED`` of them; once the graph has grown ``GROUPS_PER_NODE`` per node,
+    ``GROUPS_PER_SEED_PAST_BUDGET`` (see there why). A seed stopped with groups left to grow
+    counts one in ``capped[rule.name]``, so the report can say where larger fusions went untried.
+    """
+    valid = [rule.valid_op(graph, node) for node in graph]
+    seen: set[frozenset[int]] = set()
+    budget, grown = GROUPS_PER_NODE * len(graph), 0
+    for seed in graph:
+        if not valid[seed.index]:
+            continue
+        cap = MAX_GROUPS_PER_SEED if grown < budget else GROUPS_PER_SEED_PAST_BUDGET
+        todo, taken = deque([SubGraph(graph, frozenset({seed.index}))]), 0
+        while todo and taken < cap:
+            group = todo.popleft()
+            taken += 1
+            if group.has_tensor_boundary():
+                yield group
+            if len(group) == rule.max_size:
+                continue
+            for n in _neighbours(graph, group):
+                nodes = group.nodes | {n}
+                if valid[n] and nodes not in seen and rule.fusion_rule(group, graph[n]):
+                    seen.add(nodes)
+                    bigger = group.union(n)
+                    if bigger.is_convex():
+                        todo.append(bigger)
+        grown += taken
+        if todo and capped is not None:
+            capped[rule.name] = capped.get(rule.name, 0) + 1
+
+
+def _neighbours(graph: DataflowGraph, group: SubGraph) -> list[int]:
+    near = {j for i in group.nodes for j in (*graph[i].inputs, *graph.consumers[i])}
+    return sorted(near - group.nodes)
+
+
+def regions(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
+    """The maximal connected groups of ops the rule accepts, each when it is convex, has a
+    tensor boundary and is larger than what ``grow_rule`` reaches, or is the whole model.
+
+    An inference engine optimizes across kernels (memory planning, its own fusions), so the
+    largest region it can take is a candidate too: a placement is then never worse than that
+    engine running all it can, under the measured costs.
+    """
+    valid = [rule.valid_op(graph, node) for node in graph]
+    seen: set[int] = set()
+    for seed in graph:
+        if not valid[seed.index] or seed.index in seen:
+            continue
+        component, todo = {seed.index}, [seed.index]
+        while todo:
+            i = todo.pop()
+            for j in (*graph[i].inputs, *graph.consumers[i]):
+                if valid[j] and j not in component:
+                    component.add(j)
+                    todo.append(j)
+        seen |= component
+        region = SubGraph(graph, frozenset(component))
+        larger = len(region) > rule.max_size or len(region) == len(graph)  # the whole model, however small
+        if larger and region.is_convex() and region.has_tensor_boundary():
+            yield region
+
+
+def region_parts(region: SubGraph, cuts: int = MAX_CUTS) -> Iterator[SubGraph]:
+    """The first and the last part of ``region`` at up to ``cuts`` places where a single tensor
+    crosses from the one to the other, spread evenly over it.
+
+    With another engine's part on the other side of a cut, a model is split between two
+    engines: engines differ by layer kind (one runs the early, wide convolutions faster, another
+    the late, deep ones), and a single crossing tensor keeps the hand-over cheap.
+    """
+    graph, order = region.graph, sorted(region.nodes)  # node indices are in topological order
+    position = {node: k for k, node in enumerate(order)}
+    last_use = [max((position[c] for c in graph.consumers[node] if c in position), default=k) for k, node in enumerate(order)]
+    ends_at = [0] * len(order)
+    for k, last in enumerate(last_use):
+        ends_at[last] += last > k
+    single, crossing = [], 0  # positions after which exactly one tensor crosses
+    for k, last in enumerate(last_use):
+        crossing += (last > k) - ends_at[k]
+        if crossing == 1 and k < len(order) - 1:
+            single.append(k)
+    if not single:
+        return
+    wanted = {min(single, key=lambda k: abs(k + 1 - len(order) * i / (cuts + 1))) for i in range(1, cuts + 1)}
+    for k in sorted(wanted):
+        for part in (SubGraph(graph, frozenset(order[: k + 1])), SubGraph(graph, frozenset(order[k + 1 :]))):
+            if part.is_convex() and part.has_tensor_boundary():
+                yield part
+
+
+def generate(graph: DataflowGraph, backends: Iterable, capped: dict[str, int] | None = None) -> list[Candidate]:
+    """All candidates of ``backends`` (Backend records) on ``graph``, in a stable order:
+    pattern matches, groups grown by rules and, for inference engines (graph-level
+    backends), their rules' largest regions (pattern name ``<backend>.region``) and those
+    regions' parts at single-tensor cuts (``<backend>.part``). ``capped`` gains, for each
+    rule, how many seeds stopped growing at ``grow_rule``'s cap with groups left to grow."""
+    found: dict[tuple[str, str, frozenset[int]], Candidate] = {}
+    for backend in backends:
+        for pattern in backend.patterns:
+            for sub in match_pattern(graph, pattern):
+                found.setdefault((backend.name, pattern.name, sub.nodes), Candidate(sub, backend.name, pattern.name))
+        for rule in backend.rules:
+            for sub in grow_rule(graph, rule, capped):
+                found.setdefault((backend.name, rule.name, sub.nodes), Candidate(sub, backend.name, rule.name))
+            if backend.kind == GRAPH_LEVEL:
+                name, part_name = f"{backend.name}{REGION_SUFFIX}", f"{backend.name}{PART_SUFFIX}"
+                for sub in regions(graph, rule):
+                    found.setdefault((backend.name, name, sub.nodes), Candidate(sub, backend.name, name))
+                    for part in region_parts(sub):
+                        if len(part) > rule.max_size:  # smaller ones are grown by the rule already
+                            found.setdefault((backend.name, part_name, part.nodes), Candidate(part, backend.name, part_name))
+    return sorted(found.values(), key=lambda c: (min(c.subgraph.nodes), c.backend, c.pattern, sorted(c.subgraph.nodes)))

@@ -1,0 +1,261 @@
+"""Exported modules: an optimized model written to one directory, and loaded back in seconds.
+
+``export`` writes what it takes to run the module without optimizing it again::
+
+    manifest.json     what the rest is: model hash, target, threads, the device it was
+                      optimized on, library versions, inputs, kernels, the placement
+    tvm.so            the assembled module compiled by TVM (``Executable.export_library``):
+                      every TVM partition and the calls of the other kernels
+    kernels/K.json    a sub-graph a library outside TVM runs (the Relax function, as TVM's
+                      JSON), compiled again by that library when loading
+    kernels/K.onnx    an ONNX model an engine runs with its users' settings, whole or all
+                      but trivial ops: the user's own file, or collage's conversion (read
+                      back faster than TVM's JSON of a whole model's weights)
+
+``load`` reads the manifest, compiles each library's kernel again from its file (sessions
+of ONNX Runtime or OpenVINO, torch functions: no TVM code is compiled and nothing is
+measured), loads ``tvm.so`` and binds the kernels to the calls in it. A different TVM is an
+``ExportError`` (the compiled library and the JSON are TVM's own formats); another device,
+another version of a kernel's library or of collage is a warning that says what differs,
+since the module still runs right, only its placement may no longer be the fastest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from ..candidates.backend import Backend, BackendSet, default_backends, installed_version
+from ..candidates.onnx_convert import to_onnx
+from ..measuring.cost import Device
+from ..measuring.runner import (compile_kernel, compile_onnx_kernel, device_for, input_tensors, random_array,
+                                static_shape, to_numpy, to_tensors)
+from ..measuring.threads import pin_threads
+from .saved import placement_record
+
+FORMAT = "collage-export"
+VERSION = 1
+MANIFEST = "manifest.json"
+TVM_LIBRARY = "tvm.so"
+KERNELS = "kernels"
+# The distributions whose versions decide whether an export still loads and runs as it did.
+TVM_DISTRIBUTIONS = ("apache-tvm", "apache-tvm-ffi")  # a difference is an error
+OTHER_DISTRIBUTIONS = ("collage-tvm",)  # a difference is a warning
+
+
+class ExportError(Exception):
+    """The export cannot be written or loaded here; the message says why."""
+
+
+class ExportWarning(UserWarning):
+    """The export loads, but was made on another device or with other library versions."""
+
+
+def export(opt, path: str | os.PathLike) -> Path:
+    """Write the optimized module ``opt`` (an ``OptimizedModule``) to the directory ``path``
+    (created; files of an earlier export there are replaced); returns the path."""
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ExportError(f"{path}: exists and is not a directory")
+    (path / KERNELS).mkdir(parents=True, exist_ok=True)
+    assembly = opt.assembly
+    kernels = []
+    for k, (partition, name, _) in enumerate(assembly.kernels):
+        source = assembly.sources[name]
+        onnx_model = source.onnx_model
+        if onnx_model is None and source.alone and _reads_onnx(source.backend):
+            onnx_model = to_onnx(source.subgraph.extract())  # what runner.compile_kernel compiled it from
+        if onnx_model is not None:
+            file = f"{KERNELS}/{k}.onnx"
+            (path / file).write_bytes(onnx_model.SerializeToString())
+        else:
+            file = f"{KERNELS}/{k}.json"
+            (path / file).write_text(tvm.ir.save_json(source.subgraph.extract()))
+        kernels.append({
+            "name": name, "backend": source.backend, "pattern": source.pattern, "alone": source.alone,
+            "file": file, "library": _library(source.backend),
+        })  # fmt: skip
+    tvm.compile(assembly.module, target=opt.target).export_library(str(path / TVM_LIBRARY))
+    main = assembly.module["main"]
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "target": opt.target,
+        "threads": opt.threads,
+        "device": Device.this_machine(opt.threads, opt.target).name,
+        "libraries": {d: installed_version(d) for d in (*TVM_DISTRIBUTIONS, *OTHER_DISTRIBUTIONS)},
+        "inputs": [
+            {"name": p.name, "shape": list(static_shape(p.ty)), "dtype": str(p.ty.dtype)} for p in main.params
+        ],
+        "kernels": kernels,
+        "measured_ms": opt.measured.median_ms,
+        "placement": placement_record(opt),
+    }
+    (path / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return path
+
+
+def _reads_onnx(backend: str) -> bool:
+    backends = default_backends()
+    return backend in backends.names() and backends[backend].compile_onnx is not None
+
+
+def _library(backend: str) -> str:
+    """The library (and its version) a backend drives, as the registered backend says."""
+    return default_backends()[backend].library if backend in default_backends().names() else ""
+
+
+@dataclass
+class ExportedModule:
+    """An exported module loaded back: call it with numpy arrays like the original ``main``
+    (or ``main`` with ``tvm.runtime.Tensor``s). ``load_s`` is how long loading took; ``vm``
+    runs it, calling ``kernels``."""
+
+    manifest: dict
+    load_s: float
+    vm: relax.VirtualMachine = field(repr=False)
+    kernels: list = field(default_factory=list, repr=False)  # the libraries' kernels the VM calls
+
+    def __call__(self, *arrays):
+        signature = [(i["name"], tuple(i["shape"]), i["dtype"]) for i in self.manifest["inputs"]]
+        return to_numpy(self.main(*input_tensors(signature, arrays, device_for(self.target))))
+
+    @property
+    def main(self):
+        return self.vm["main"]
+
+    def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Inputs of the right shapes and types, drawn as ``runner.random_inputs`` draws them
+        (the manifest does not say which operators each feeds: floats are normal)."""
+        rng = np.random.default_rng(seed)
+        return [random_array(rng, tuple(i["shape"]), i["dtype"]) for i in self.manifest["inputs"]]
+
+    def first_call_s(self, arrays) -> float:
+        """Seconds the first call on ``arrays`` takes (the libraries' lazy set-up included);
+        call it before any other."""
+        tensors = to_tensors(arrays, device_for(self.target))
+        started = time.perf_counter()
+        self.main(*tensors)
+        return time.perf_counter() - started
+
+    @property
+    def target(self) -> str:
+        return self.manifest["target"]
+
+    def describe(self) -> str:
+        """A few lines: where it was optimized, what runs it, how long it took then."""
+        parts = self.manifest["placement"]["partitions"]
+        backends = ", ".join(sorted({p["backend"] for p in parts}))
+        placed = f"{len(parts)} partition(s) on {backends}" if parts else "nothing placed, the whole model on TVM"
+        return "\n".join([
+            f"exported module: {placed}; {len(self.manifest['kernels'])} library kernel(s), the rest compiled TVM code",
+            f"optimized on {self.manifest['device']}, {self.manifest['threads']} thread(s), target {self.target}; "
+            f"it ran in {self.manifest['measured_ms']:.3f} ms there",
+            f"loaded in {self.load_s:.2f} s (nothing measured, no TVM code compiled)",
+        ])  # fmt: skip
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """The manifest of the export at ``path``; ``ExportError`` if it is not one."""
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise ExportError(f"{path}: not a collage export (no {MANIFEST})")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ExportError(f"{path / MANIFEST}: unreadable ({err})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ExportError(f'{path}: not a collage export (no "format": "{FORMAT}")')
+    if manifest.get("version") != VERSION:
+        raise ExportError(f"{path}: export format version {manifest.get('version')}; this collage reads {VERSION}")
+    return manifest
+
+
+def load(
+    path: str | os.PathLike, backends: BackendSet | Iterable[Backend] | None = None, threads: int | None = None
+) -> ExportedModule:
+    """The module exported to ``path``, ready to call: each library kernel compiled again
+    from its file by the backend of that name (from ``backends``, default the registered
+    ones), TVM's part loaded as compiled. Runs on ``threads`` threads (default: the exported
+    module's). Raises ``ExportError`` when it cannot run here."""
+    started = time.perf_counter()
+    path = Path(path)
+    manifest = read_manifest(path)
+    _check_tvm(manifest, path)
+    backend_set = backends if isinstance(backends, BackendSet) else BackendSet(backends) if backends else default_backends()
+    target = manifest["target"]
+    threads = threads or manifest["threads"]
+    pin_threads(threads)
+    _warn_if_elsewhere(manifest, backend_set, path)
+    kernels = {entry["name"]: _kernel(entry, backend_set, target, threads, path) for entry in manifest["kernels"]}
+    if not (path / TVM_LIBRARY).is_file():
+        raise ExportError(f"{path}: the export lacks {TVM_LIBRARY}")
+    library = tvm.runtime.load_module(str(path / TVM_LIBRARY))
+    # The VM looks up each called kernel by name once, when it is made: register them for that
+    # moment only, so that two loaded modules never see each other's kernels.
+    for name, kernel in kernels.items():
+        tvm.register_global_func(name, kernel, override=True)
+    try:
+        vm = relax.VirtualMachine(library, device_for(target))
+    finally:
+        for name in kernels:
+            tvm_ffi.remove_global_func(name)
+    return ExportedModule(manifest, time.perf_counter() - started, vm, list(kernels.values()))
+
+
+def _check_tvm(manifest: dict, path: Path) -> None:
+    saved = manifest.get("libraries", {})
+    differ = [f"{d} {saved.get(d)} (here {installed_version(d)})" for d in TVM_DISTRIBUTIONS if saved.get(d) != installed_version(d)]
+    if differ:
+        raise ExportError(f"{path}: exported with {', '.join(differ)}; TVM's compiled code loads only in the TVM that made it: export it again here")
+
+
+def _warn_if_elsewhere(manifest: dict, backends: BackendSet, path: Path) -> None:
+    """A warning for each way this machine differs from the one the module was optimized on."""
+    here = Device.this_machine(manifest["threads"], manifest["target"]).name
+    if manifest.get("device") != here:
+        warnings.warn(
+            f"{path}: optimized on {manifest.get('device')}, loaded on {here}: it runs, but its placement was "
+            "measured there; optimize again here for the fastest", ExportWarning, stacklevel=3,
+        )  # fmt: skip
+    for d in OTHER_DISTRIBUTIONS:
+        if manifest["libraries"].get(d) != installed_version(d):
+            warnings.warn(f"{path}: exported by {d} {manifest['libraries'].get(d)}, loaded by {installed_version(d)}",
+                          ExportWarning, stacklevel=3)  # fmt: skip
+    for entry in manifest["kernels"]:
+        if entry["backend"] in backends.names() and entry["library"] != backends[entry["backend"]].library:
+            warnings.warn(
+                f"{path}: kernel {entry['name']} was measured on {entry['library']}; here {entry['backend']} "
+                f"is {backends[entry['backend']].library}", ExportWarning, stacklevel=3,
+            )  # fmt: skip
+
+
+def _kernel(entry: dict, backends: BackendSet, target: str, threads: int, path: Path):
+    """One library's kernel, compiled again from its file as ``optimize`` compiled it."""
+    if entry["backend"] not in backends.names():
+        raise ExportError(f"{path}: kernel {entry['name']} runs on backend {entry['backend']!r}, which is not registered here")
+    backend = backends[entry["backend"]]
+    file = path / entry["file"]
+    if not file.is_file():
+        raise ExportError(f"{path}: the export lacks {entry['file']}")
+    if file.suffix == ".onnx":
+        import onnx
+
+        kernel, reason = compile_onnx_kernel(backend, onnx.load(file), target, threads, entry["alone"])
+    else:
+        func = tvm.ir.load_json(file.read_text())
+        kernel, reason = compile_kernel(backend, func, entry["pattern"], target, threads, entry["alone"])
+    if reason is None:
+        return kernel
+    raise ExportError(f"{path}: {backend.name} cannot compile kernel {entry['name']} here: {reason}")

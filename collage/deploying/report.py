@@ -1,0 +1,208 @@
+"""The readable report of an optimized module: what runs where, and what it costs."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from ..placing.finalists import MAX_OTHERS_BUSY
+from ..record import OP_LEVEL, FinalistKind, FinalistName, FinalistResult, RunRecord
+
+MAX_OPS_SHOWN = 4
+# A TVM partition taking more than this share of the model's time, untuned, is worth a warning.
+DOMINANT_SHARE = 0.5
+
+
+def short_op(op: str) -> str:
+    return op.removeprefix("relax.").removeprefix("nn.")
+
+
+def ops_text(ops: list[str]) -> str:
+    shown = ", ".join(short_op(op) for op in ops[:MAX_OPS_SHOWN])
+    return shown + (f", ... ({len(ops)} ops)" if len(ops) > MAX_OPS_SHOWN else "")
+
+
+class BackendTotal(NamedTuple):
+    partitions: int
+    ops: int
+    ms: float  # estimated; a partition never measured (a fallback) counts zero
+
+
+def backend_totals(partitions) -> dict[str, BackendTotal]:
+    """Each backend's partitions, ops and estimated ms, the most time first."""
+    totals: dict[str, BackendTotal] = {}
+    for p in partitions:
+        n, ops, ms = totals.get(p.backend, BackendTotal(0, 0, 0.0))
+        totals[p.backend] = BackendTotal(n + 1, ops + len(p.nodes), ms + (0.0 if math.isnan(p.cost_ms) else p.cost_ms))
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1].ms))
+
+
+def dominant_tvm_ops(partitions) -> list[str]:
+    """Warnings for TVM partitions that take most of the estimated time: TVM's default
+    pipeline does not tune its kernels, so one op no library takes can cost more than the rest
+    of the model (EfficientNet's ceil-mode average pool once took 384 ms of 386)."""
+    total = sum(p.cost_ms for p in partitions if math.isfinite(p.cost_ms))
+    return [
+        f"{p.cost_ms / total:.0%} of the estimated time ({p.cost_ms:.3g} ms) is "
+        f"{', '.join(sorted(set(p.ops)))} left to TVM untuned (nodes {sorted(p.nodes)[:8]}): no other backend took it"
+        for p in partitions
+        if p.backend == "tvm" and math.isfinite(p.cost_ms) and total > 0 and p.cost_ms > DOMINANT_SHARE * total
+    ]
+
+
+def _skipped_text(skipped: dict[str, int]) -> str:
+    """The candidates the search bound left unmeasured (``measure.SearchBound``), by rule."""
+    if not skipped:
+        return ""
+    return f"{sum(skipped.values())} not measured ({'; '.join(f'{n}: {rule}' for rule, n in skipped.items())}), "
+
+
+def graph_level_text(g: dict, finalists: dict[FinalistName, FinalistResult]) -> str:
+    """The graph-level search in a few lines, with the op-level and refined latencies side by side."""
+    if "skipped" in g:
+        return f"graph-level refinement skipped: {g['skipped']}"
+    op_level = finalists[OP_LEVEL].measured.median_ms if OP_LEVEL in finalists else math.nan
+    refined = [f.measured.median_ms for name, f in finalists.items() if name.kind is FinalistKind.GRAPH_LEVEL]
+    best = min(refined) if refined else math.nan
+    return "\n".join([
+        (
+            f"graph-level refinement ({g['engine']}): {g['units']} units, {g['generations']} generations, "
+            f"{g['placements']} placements ({g['measured_now']} measured now), {g['search_s']:.0f} s, "
+            f"stopped by {g['stopped']}"
+        ),
+        (
+            f"  op-level {op_level:.3f} ms -> refined {best:.3f} ms ({op_level / best:.2f}x), timed together; "
+            f"during the search: start {g['start_ms']:.3f} ms, all on {g['engine']} {g['all_on_engine_ms']:.3f} ms, "
+            f"best {g['best_ms']:.3f} ms"
+        ),
+    ])
+
+
+def substitutions_text(found: dict, kept: bool) -> str:
+    """The substitution search in two lines: what it explored and what it found."""
+    rules = ", ".join(f"{rule} x{n}" for rule, n in found["rules_applied"].items()) or "none"
+    failed = "".join(f"; {rule} failed: {why}" for rule, why in found.get("failed", {}).items())
+    return "\n".join([
+        (
+            f"graph substitutions (alpha {found['alpha']}, objective {found.get('objective', 'time')}): {found['explored']} graphs expanded, {found['costed']} priced, "
+            f"{found['pruned']} pruned by alpha, {found['measured_now']} candidates measured now, "
+            f"{found['seconds']:.1f} s, stopped: {found['stopped_by']}{failed}"
+        ),
+        (
+            f"  rules applied: {rules}; {_objective_text(found)}; "
+            + ("the substituted graph was kept" if kept else "the graph as given was kept")
+        ),
+    ])
+
+
+def _objective_text(found: dict) -> str:
+    """The search's estimate before and after: ms for time, else the objective relative to the
+    graph as given (1.0)."""
+    if found.get("objective", "time") == "time":
+        return f"estimated {found['initial_cost']:.3f} ms -> {found['best_cost']:.3f} ms"
+    return f"{found['objective']} (the graph as given = 1): {found['initial_cost']:.3f} -> {found['best_cost']:.3f}"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f} ms" if math.isfinite(value) else "- (a kernel never timed alone)"
+
+
+def format_report(opt) -> str:
+    """Partitions, each backend's share of the estimated time, estimated vs measured end to
+    end, what simplification did, and what was left out and why."""
+    parts = opt.placement
+    lines = [
+        (
+            f"collage placement: {len(parts)} partitions over {sum(len(p.nodes) for p in parts)} operators, "
+            f"target {opt.target}, {opt.threads} thread(s)"
+        ),
+        "",
+        f"{'#':>3}  {'backend':<12} {'pattern':<26} {'ms':>9}  ops",
+    ]
+    r: RunRecord = opt.record
+    if r.unplaced is not None:
+        lines.append(f"    nothing placed: {r.unplaced}; the whole model runs on tvm, as TVM alone runs it")
+    for k, p in enumerate(parts):
+        cost = "-" if math.isnan(p.cost_ms) else f"{p.cost_ms:9.4f}"
+        lines.append(f"{k:>3}  {p.backend:<12} {p.pattern:<26} {cost:>9}  {ops_text(p.ops)}")
+
+    share = backend_totals(parts)
+    total = sum(t.ms for t in share.values()) or 1.0
+    lines += ["", "time by backend (estimated):", f"  {'backend':<12} {'partitions':>10} {'ops':>5} {'ms':>9} {'share':>6}"]
+    for backend, (n, ops, ms) in share.items():
+        lines.append(f"  {backend:<12} {n:>10} {ops:>5} {ms:9.3f} {ms / total:6.1%}")
+
+    m = opt.measured
+    lines += [
+        "",
+        (
+            f"end to end: estimated {_ms(opt.estimated_ms)} (sum of measured kernels and transitions), "
+            f"measured {m.median_ms:.3f} ms ± {m.spread_ms:.2g} (median of {m.samples})"
+        ),
+    ]
+    if len(r.finalists) > 1:
+        lines += ["", f"placements timed end to end ({_choice_rule(r)}):"]
+        for name, f in r.finalists.items():
+            mark = "  <- kept" if name == r.chosen else ""
+            estimated = "-" if not math.isfinite(f.estimated_ms) else f"{f.estimated_ms:.3f}"
+            m = f.measured
+            paid = f", upper quartile {f.paid_ms:.3f} over {m.samples} rounds ({f.verdict})" if f.paid_ms is not None else ""
+            energy = f", {m.energy_mj:.3g} mJ" if m.energy_mj is not None else ""
+            lines.append(
+                f"  {str(name):<30} estimated {estimated:>9} ms, measured {m.median_ms:9.3f} ms ± {m.spread_ms:.2g}{paid}{energy}{mark}"
+            )
+        if r.tie:
+            lines.append(f"  {r.tie}")
+        if r.others_busy_cores is not None and r.others_busy_cores > MAX_OTHERS_BUSY:
+            lines.append(
+                f"  warning: other processes kept {r.others_busy_cores:.2f} cores busy while these were timed "
+                f"({r.timing_attempts} attempts): the choice may be off; optimize again when the machine is quiet"
+            )
+    if r.simplify_failed:
+        lines.append(f"note: {r.simplify_failed}")
+    for text in (*r.engine_blockers.values(), *r.left_out.values()):
+        lines.append(f"note: {text}")
+    for rule, seeds in r.capped.items():
+        lines.append(
+            f"note: the pattern generator stopped growing {seeds} seed(s) of {rule} at its cap (candidates.MAX_GROUPS_PER_SEED, "
+            "fewer on large graphs): larger fusions there were not tried"
+        )
+    for warning in r.warnings:
+        lines.append(f"warning: {warning}")
+    if r.graph_level is not None:
+        lines += ["", graph_level_text(r.graph_level, r.finalists)]
+    if r.substitution_search is not None:
+        lines += ["", substitutions_text(r.substitution_search, kept=bool(r.substituted))]
+    if r.candidates:
+        lines.append(
+            f"optimization: {r.candidates} candidates ({r.distinct} distinct), "
+            f"{r.measured} measured now, {_skipped_text(r.skipped)}the rest from the cost log; "
+            f"{r.seconds.total:.1f} s in all "
+            f"(measuring {r.seconds.measure:.1f} s, placing {r.seconds.place:.1f} s, "
+            f"assembling and checking {r.seconds.assemble:.1f} s)"
+            + ("" if r.exact else "; placement searched at the lowest frontier node only (state cap)")
+        )
+    if opt.fallbacks:
+        lines += ["", "fell back to tvm:"]
+        lines += [f"  {p.backend} {p.pattern} [{ops_text(p.ops)}]: {reason}" for p, reason in opt.fallbacks]
+    if opt.excluded:
+        lines += ["", "backends not used:"]
+        lines += [f"  {name}: {reason}" for name, reason in sorted(opt.excluded.items())]
+    if opt.simplified is not None:
+        fired = [f"{s.name} x{s.applied}" for s in opt.simplified.steps if s.applied]
+        lines += [
+            "",
+            f"simplified first: ops {opt.simplified.ops_before} -> {opt.simplified.ops_after}"
+            + (f" ({', '.join(fired)})" if fired else ""),
+        ]
+    return "\n".join(lines)
+
+
+def _choice_rule(r: RunRecord) -> str:
+    """How the kept finalist was chosen, in words."""
+    if any(f.paid_ms is not None for f in r.finalists.values()):
+        return ("the one a user pays least for leads (lowest upper quartile of its blocks); "
+                "of those equivalent to it round by round, the simplest is kept")  # fmt: skip
+    if r.objective.is_time:
+        return "the fastest is kept; of those within noise, the simplest"
+    return f"the best for {r.objective} is kept; of those within noise, the simplest"

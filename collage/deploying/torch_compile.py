@@ -1,0 +1,174 @@
+"""``torch.compile(model, backend="collage")``: collage as a backend of PyTorch's compiler.
+
+The package registers ``collage_backend`` under PyTorch's ``torch_dynamo_backends`` entry
+point, so ``backend="collage"`` works once collage is installed. Dynamo hands over each graph
+it captured (several when the model has graph breaks); each is exported again with the
+shapes it is called with (``torch.export``, its weights frozen as constants), imported by
+TVM's PyTorch frontend, and optimized by ``collage.optimize``; ``options`` are optimize's
+keyword arguments::
+
+    compiled = torch.compile(model, backend="collage", options={"backends": ["tvm", "onnxruntime"]})
+    with torch.no_grad():
+        y = compiled(x)
+
+Tensors go in and come out through DLPack, without copies. A graph is optimized once per
+set of input shapes: when dynamo hands over a graph with dynamic sizes, each new size is
+optimized when it is first called. Collage is for inference: a graph that records
+gradients or runs in training mode (dropout, batch norm updating its statistics) is refused
+with a ``TorchCompileError`` that says what to change. The weights are read when a shape is
+first optimized; changing them afterwards in place is not seen, as with any frozen
+inference graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import tvm
+
+from .. import api
+from ..config import Config
+from ..errors import OptimizeError
+from ..model.frontend import export_onnx
+
+# What ``options`` may set: each setting of a ``Config``, and what optimize takes beside them.
+ARGUMENTS = ("backends", "cost_log", "meter")
+OPTIONS = (*Config.names(), *ARGUMENTS)
+
+
+class TorchCompileError(Exception):
+    """Collage cannot compile this graph as asked; the message says what to change."""
+
+
+def collage_backend(gm: torch.fx.GraphModule, example_inputs: list, *, options: dict | None = None, mode=None):
+    """The dynamo backend: ``gm`` (called with ``example_inputs``) as a callable that runs
+    the module collage optimized for it."""
+    if mode is not None:
+        raise TorchCompileError(f"collage takes no mode ({mode!r} is Inductor's); pass optimize's keywords as options")
+    _refuse_training(gm, example_inputs)
+    return CompiledGraph(gm, example_inputs, *optimize_options(options))
+
+
+def optimize_options(options: dict | None) -> tuple[Config, dict]:
+    """``options`` as the ``Config`` of each optimization (no progress lines unless asked)
+    and the rest of optimize's arguments; a name it does not take, or a setting ``Config``
+    refuses, is a ``TorchCompileError``."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TorchCompileError(f"unknown option(s) {', '.join(unknown)}; collage takes {', '.join(OPTIONS)}")
+    settings = {"progress": False} | {name: value for name, value in options.items() if name not in ARGUMENTS}
+    try:
+        config = Config(**settings)
+    except OptimizeError as err:
+        raise TorchCompileError(str(err)) from None
+    return config, {name: value for name, value in options.items() if name in ARGUMENTS}
+
+
+def _refuse_training(gm: torch.fx.GraphModule, example_inputs: list) -> None:
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
+        raise TorchCompileError(
+            "collage compiles models for inference, and this call records gradients: "
+            "call the compiled model under torch.no_grad() or torch.inference_mode()"
+        )
+    training = sorted({_name(n.target) for n in gm.graph.nodes if n.op == "call_function" and _in_training(n)})
+    if training:
+        raise TorchCompileError(
+            f"collage compiles models for inference, and this one is in training mode ({', '.join(training)} "
+            "with training=True): call model.eval() first"
+        )
+
+
+def _in_training(node: torch.fx.Node) -> bool:
+    try:
+        normalized = node.normalized_arguments(node.graph.owning_module, normalize_to_only_use_kwargs=True)
+    except Exception:  # noqa: BLE001 -- a target without a Python signature takes no training flag
+        return False
+    return normalized is not None and normalized.kwargs.get("training") is True
+
+
+def _name(target) -> str:
+    return getattr(target, "__name__", str(target))
+
+
+def is_weight(value) -> bool:
+    """A parameter or buffer of the model: dynamo passes them to the graph as inputs and marks
+    their addresses static (``torch._dynamo.utils.get_static_address_type``)."""
+    from torch._dynamo.utils import get_static_address_type
+
+    return isinstance(value, torch.nn.Parameter) or get_static_address_type(value) is not None
+
+
+class CompiledGraph:
+    """One graph dynamo handed over, optimized for each set of input shapes it is called
+    with (``optimized``: shapes -> ``OptimizedModule``; ``mains``: shapes -> its ``main``,
+    looked up once: a lookup per call costs a few microseconds)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, config: Config, arguments: dict):
+        self.gm, self.config, self.arguments = gm, config, arguments
+        self.weights = {k: v for k, v in enumerate(example_inputs) if is_weight(v)}
+        self.inputs = [k for k, v in enumerate(example_inputs) if k not in self.weights and isinstance(v, torch.Tensor)]
+        self.sizes = [k for k, v in enumerate(example_inputs) if isinstance(v, (int, torch.SymInt))]
+        self.optimized: dict[tuple, object] = {}
+        self.mains: dict[tuple, object] = {}
+        self.static = None  # the one main of a graph with static shapes, which dynamo's guards keep
+        if not any(isinstance(v, torch.SymInt) for v in example_inputs):
+            self.static = self._optimized(example_inputs)  # optimize now, as dynamo expects of a backend
+
+    def __call__(self, *args):
+        main = self.static if self.static is not None else self._optimized(args)
+        result = main(*[tvm.runtime.from_dlpack(_dlpack_ready(args[k])) for k in self.inputs])
+        if isinstance(result, tvm.runtime.Tensor):
+            return (torch.from_dlpack(result),)
+        return tuple(torch.from_dlpack(r) for r in result)
+
+    def _optimized(self, args):
+        key = tuple(tuple(args[k].shape) for k in self.inputs) + tuple(int(args[k]) for k in self.sizes)
+        if key not in self.optimized:
+            mod, onnx_model = relax_module(self.gm, args, self.weights)
+            self.optimized[key] = api.optimize_with(self.config, mod, onnx_model=onnx_model, **self.arguments)
+            self.mains[key] = self.optimized[key].main
+        return self.mains[key]
+
+
+def _dlpack_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as DLPack takes it: contiguous, not recording gradients (a view, not a copy,
+    when it already is contiguous)."""
+    t = t.detach() if t.requires_grad else t
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def relax_module(gm: torch.fx.GraphModule, args, weights: dict[int, torch.Tensor]) -> tuple[tvm.IRModule, object]:
+    """``gm`` as a Relax module for these very ``args`` (the inputs that are not weights
+    become ``main``'s parameters, the weights constants, sizes their values), and as
+    ``torch.onnx.export`` writes it (None where it cannot), for each engine to run whole."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    frozen = _Frozen(gm, args, weights)
+    inputs = tuple(a.detach() for k, a in enumerate(args) if k not in weights and isinstance(a, torch.Tensor))
+    exported = torch.export.export(frozen, inputs)
+    onnx_model, _ = export_onnx(frozen, inputs)  # a graph torch's exporter cannot take is placed without it
+    return from_exported_program(exported, keep_params_as_input=False), onnx_model
+
+
+class _Frozen(torch.nn.Module):
+    """``gm`` with its weights as this module's buffers (which ``torch.export`` lifts and TVM's
+    importer binds as constants) and its size arguments fixed: ``forward`` takes the tensor
+    inputs only."""
+
+    def __init__(self, gm: torch.fx.GraphModule, args, weights: dict[int, torch.Tensor]):
+        super().__init__()
+        self.gm = gm
+        self.slots: list[tuple[str, object]] = []  # per argument of gm: what fills it
+        for k, a in enumerate(args):
+            if k in weights:
+                self.register_buffer(f"weight_{k}", weights[k].detach())
+                self.slots.append(("weight", f"weight_{k}"))
+            elif isinstance(a, torch.Tensor):
+                self.slots.append(("input", None))
+            else:
+                self.slots.append(("size", int(a)))
+
+    def forward(self, *inputs):
+        given = iter(inputs)
+        args = [next(given) if kind == "input" else getattr(self, what) if kind == "weight" else what for kind, what in self.slots]
+        return self.gm(*args)

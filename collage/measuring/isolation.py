@@ -1,0 +1,352 @@
+"""Where one candidate is measured: in this process, or in a worker process that may die.
+
+A library that segfaults, aborts, hangs or runs out of memory on one sub-graph must cost that
+candidate, not the optimization. So, as TVM meta-schedule's runners do, candidates are
+compiled, checked and timed in a worker process; the optimizing process waits with a deadline.
+A worker that dies or overruns is killed, its candidate becomes ``Cost.invalid(reason)`` (the
+signal, or the timeout, and the last line the worker wrote), and the next candidate gets a
+fresh worker.
+
+A ``MeasureRunner`` is one small interface, ``run(task) -> MeasureResult`` and
+``run_batch(tasks)`` for candidates of a backend that compiles several at once
+(``Backend.compile_many``); ``InProcess`` and ``WorkerProcess`` implement it, and a runner on
+another machine (TVM's RPC tracker) would be a third. A ``MeasureTask`` travels as data: the sub-graph function as TVM's JSON text (weights
+as arrays beside it), the backend record (its functions pickled by reference to their
+modules), the reference outputs as arrays; never a compiled kernel.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from tvm import relax
+
+from ..candidates.backend import REFERENCE_BACKEND, Backend
+from ..candidates.subgraph import is_tensor_constant
+from .cost import Cost
+from .meters import EnergyMeter
+from .runner import (compile_kernel, device_for, empty_outputs, first_line, mismatch, random_inputs, run_reference,
+                     synchronized, to_tensors)
+from .threads import pin_threads
+from .timing import Timing, time_call
+
+# Long enough for the largest candidates of the zoo (an engine compiling a 150-op region takes
+# seconds, TVM compiling one large convolution without tuning about as long); a hang costs this.
+TIMEOUT_S = 300.0
+# The worker's command line: not ``-m collage.measuring.isolation``, which runs this module a second time
+# after the package imported it.
+WORKER_MAIN = "import sys; from collage.measuring.isolation import serve; serve(*map(int, sys.argv[1:]))"
+STARTUP_S = 120.0  # a worker imports TVM and torch: about 4 s on the 2-core development machines
+
+
+@relax.expr_functor.mutator
+class _WeightsOut(relax.PyExprMutator):
+    """Replaces each tensor constant with a new variable, keeping the arrays in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.vars: list[relax.Var] = []
+        self.arrays: list[np.ndarray] = []
+
+    def visit_generic_const_(self, op):
+        if not is_tensor_constant(op):
+            return op  # a scalar: it stays in the text
+        self.vars.append(relax.Var(f"collage_weight_{len(self.vars)}", op.ty))
+        self.arrays.append(op.value.numpy())
+        return self.vars[-1]
+
+
+def weights_out(func: relax.Function) -> tuple[relax.Function, list[np.ndarray]]:
+    """``func`` with its tensor constants as trailing parameters, and their values: TVM's JSON
+    writes weights as base64 text, ten times slower to write and read than the arrays
+    themselves (ResNet-50's candidates: 23 s against 2.3 s)."""
+    mutator = _WeightsOut()
+    body = mutator.visit_expr(func.body)
+    lifted = relax.Function(list(func.params) + mutator.vars, body, func.ret_ty, func.is_pure, func.attrs)
+    return lifted, mutator.arrays
+
+
+def weights_in(lifted: relax.Function, arrays: list[np.ndarray]) -> relax.Function:
+    """The inverse of ``weights_out``: the trailing parameters bound to the arrays."""
+    first = len(lifted.params) - len(arrays)
+    return lifted.bind_params({lifted.params[first + k]: a for k, a in enumerate(arrays)})
+
+
+@dataclass(frozen=True)
+class MeasureTask:
+    """One candidate to measure: ``func`` (the extracted sub-graph, sent as TVM's JSON with its
+    weights as arrays beside it) on ``backend`` by ``pattern``, compiled for ``target`` on
+    ``threads`` threads, on ``inputs`` (None: drawn
+    with ``seed``), checked against ``reference`` (TVM's outputs for the same sub-graph and
+    inputs; None when not known yet: the task computes it)."""
+
+    backend: Backend
+    func: relax.Function
+    pattern: str
+    target: str
+    threads: int
+    seed: int
+    timing: Timing
+    reference: list[np.ndarray] | None = None
+    meter: EnergyMeter | None = None  # also measure each call's energy (collage.measuring.meters)
+    inputs: list[np.ndarray] | None = None
+
+    def __reduce__(self):
+        # The function as TVM's JSON, its weights as arrays beside it.
+        return _task, (self.backend, *weights_out(self.func), self.pattern, self.target, self.threads, self.seed, self.timing,
+                       self.reference, self.meter, self.inputs)  # fmt: skip
+
+
+def _task(backend, lifted, weights, pattern, target, threads, seed, timing, reference, meter, inputs) -> MeasureTask:
+    return MeasureTask(backend, weights_in(lifted, weights), pattern, target, threads, seed, timing, reference, meter,
+                       inputs)
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    """The candidate's cost, and TVM's outputs for its sub-graph when the task had none (the
+    candidate's own when it is TVM's, else a reference run's) so later tasks are checked
+    against them."""
+
+    cost: Cost
+    reference: list[np.ndarray] | None = None
+
+
+class MeasureRunner(Protocol):
+    def run(self, task: MeasureTask) -> MeasureResult: ...
+
+    def run_batch(self, tasks: list[MeasureTask]) -> list[MeasureResult]: ...
+
+
+def measure(task: MeasureTask, kernel=None) -> MeasureResult:
+    """Compile (unless ``kernel`` is given), check and time one candidate, in whichever
+    process calls it; never raises."""
+    backend, func = task.backend, task.func
+    try:
+        arrays = random_inputs(func, task.seed) if task.inputs is None else task.inputs
+    except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
+        return MeasureResult(Cost.invalid(str(err)))
+    if kernel is None:
+        kernel, reason = compile_kernel(backend, func, task.pattern, task.target, task.threads)
+        if reason is not None:
+            return MeasureResult(Cost.invalid(reason))
+    reference = task.reference
+    device = device_for(task.target)
+    inputs, outputs = to_tensors(arrays, device), empty_outputs(func, device)
+    try:
+        kernel(*inputs, *outputs)
+        actual = [o.numpy() for o in outputs]
+        if reference is None:
+            reference = actual if backend.name == REFERENCE_BACKEND else run_reference(func, arrays)
+        found = reference if task.reference is None else None
+        problem = mismatch(actual, reference)
+        if problem is not None:
+            return MeasureResult(Cost.invalid(f"wrong result: {problem}"), found)
+        timer = getattr(kernel, "time_ms", None)
+        if timer is not None:  # a kernel that can time itself without Python's overhead
+            return MeasureResult(timer(inputs, task.timing, task.meter), found)
+        call = synchronized(lambda: kernel(*inputs, *outputs), task.target)
+        return MeasureResult(time_call(call, task.timing, task.meter), found)
+    except Exception as err:
+        return MeasureResult(Cost.invalid(f"run failed: {type(err).__name__}: {first_line(err)}"))
+
+
+def measure_batch(tasks: list[MeasureTask]) -> list[MeasureResult]:
+    """Tasks of one backend compiled together (``Backend.compile_many``), then each checked
+    and timed as ``measure`` would; where the batch does not compile (one sub-graph the
+    library rejects fails them all), each is measured alone. Never raises."""
+    backend, target, threads = tasks[0].backend, tasks[0].target, tasks[0].threads
+    try:
+        kernels = backend.compile_many([t.func for t in tasks], [t.pattern for t in tasks], target, threads)
+    except Exception:  # noqa: BLE001 -- compiled one by one, each failure gets its own reason
+        return [measure(t) for t in tasks]
+    return [measure(t, kernel) for t, kernel in zip(tasks, kernels)]
+
+
+class InProcess:
+    """Measures in the calling process: no start-up and no copies, but a library that crashes
+    ends the optimization. For trusted backends, and for backends whose state must be seen by
+    the caller."""
+
+    def run(self, task: MeasureTask) -> MeasureResult:
+        return measure(task)
+
+    def run_batch(self, tasks: list[MeasureTask]) -> list[MeasureResult]:
+        return measure_batch(tasks)
+
+
+class WorkerProcess:
+    """Measures in one worker process (``serve``), started on first use
+    and again after it dies, on ``threads`` threads. Each task gets ``timeout_s`` seconds.
+
+    The worker's own output (TVM's C++ warnings, a library's crash report) goes to a file, not
+    to the user's terminal; its last line becomes the reason when the worker dies.
+    """
+
+    def __init__(self, threads: int, timeout_s: float = TIMEOUT_S):
+        self.threads, self.timeout_s = threads, timeout_s
+        self.started = 0  # how many worker processes were started (1 unless some died)
+        self._proc: subprocess.Popen | None = None
+
+    def run(self, task: MeasureTask) -> MeasureResult:
+        try:
+            return self._exchange(task)
+        except _WorkerLost as lost:
+            return MeasureResult(Cost.invalid(self._lost(lost)))
+
+    def run_batch(self, tasks: list[MeasureTask]) -> list[MeasureResult]:
+        """The tasks measured together in the worker; if it dies or overruns on them, each
+        again on its own, so that only the candidate at fault is lost."""
+        try:
+            return self._exchange(list(tasks))
+        except _WorkerLost as lost:
+            self._lost(lost)
+            return [self.run(task) for task in tasks]
+
+    def _exchange(self, work):
+        """``work`` (a task or a list of them) sent to the worker, and its answer; raises
+        _WorkerLost when the worker dies or overruns ``timeout_s``."""
+        self._start()
+        self._output.seek(0)  # keep only what the worker writes while on this work
+        self._output.truncate()
+        _write(self._to_worker, work)
+        return _read(self._from_worker, time.monotonic() + self.timeout_s)
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        for stream in (self._to_worker, self._from_worker, self._output):
+            stream.close()
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        self._proc = None
+
+    def _start(self) -> None:
+        if self._proc is not None:
+            return
+        task_read, task_write = os.pipe()
+        result_read, result_write = os.pipe()
+        self._output = tempfile.TemporaryFile()
+        # The worker sees the modules this process sees (a backend of the user's own, pickled
+        # by reference to its module, must import there), as multiprocessing's spawn does.
+        path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        env = dict(os.environ, PYTHONPATH=path)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER_MAIN, str(task_read), str(result_write), str(self.threads)],
+            pass_fds=(task_read, result_write), stdin=subprocess.DEVNULL, stdout=self._output,
+            stderr=subprocess.STDOUT, env=env,
+        )
+        os.close(task_read)
+        os.close(result_write)
+        self._to_worker = os.fdopen(task_write, "wb")
+        self._from_worker = os.fdopen(result_read, "rb")
+        self.started += 1
+        # The worker says when it is ready, so its start-up (importing the libraries, seconds)
+        # does not count against the first task's time.
+        _read(self._from_worker, time.monotonic() + max(self.timeout_s, STARTUP_S))
+
+    def _lost(self, lost: _WorkerLost) -> str:
+        """Why the worker is gone (it is killed if it still runs), with its last words."""
+        proc = self._proc
+        if proc.poll() is None:
+            proc.kill()
+        code = proc.wait()
+        self._output.seek(0)
+        lines = [line.strip() for line in self._output.read().decode(errors="replace").splitlines() if line.strip()]
+        self.close()
+        if lost.timed_out:
+            why = f"timed out after {self.timeout_s:g} s"
+        elif code < 0:
+            why = f"the worker died of {signal.Signals(-code).name}"
+        else:
+            why = f"the worker exited with status {code}"
+        return f"measuring failed: {why}" + (f" ({lines[-1][:200]})" if lines and not lost.timed_out else "")
+
+
+_shared: dict[int, WorkerProcess] = {}
+
+
+def shared_worker(threads: int) -> WorkerProcess:
+    """One worker per thread count for this whole process: a worker takes seconds to start
+    (it imports every library), so successive optimizations reuse it. Closed at exit."""
+    if threads not in _shared:
+        if not _shared:
+            atexit.register(lambda: [w.close() for w in _shared.values()])
+        _shared[threads] = WorkerProcess(threads)
+    return _shared[threads]
+
+
+# -- the wire: a length, then a pickle (cloudpickle, so test-only backends defined in a function
+# travel too); functions of importable modules travel by name.
+
+
+class _WorkerLost(Exception):
+    def __init__(self, timed_out: bool = False):
+        self.timed_out = timed_out
+
+
+def _write(stream, obj) -> None:
+    import cloudpickle
+
+    data = cloudpickle.dumps(obj)
+    try:
+        stream.write(struct.pack("<Q", len(data)))
+        stream.write(data)
+        stream.flush()
+    except (BrokenPipeError, OSError):
+        raise _WorkerLost() from None
+
+
+def _read(stream, deadline: float | None = None):
+    import cloudpickle
+
+    fd = stream.fileno()
+    (size,) = struct.unpack("<Q", _read_exactly(fd, 8, deadline))
+    return cloudpickle.loads(_read_exactly(fd, size, deadline))
+
+
+def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
+    """``size`` bytes from ``fd``; _WorkerLost when the other end closes or the deadline passes."""
+    chunks = []
+    while size:
+        if deadline is not None:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise _WorkerLost(timed_out=True)
+        chunk = os.read(fd, size)
+        if not chunk:
+            raise _WorkerLost()
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def serve(task_fd: int, result_fd: int, threads: int) -> None:
+    """The worker's loop: read a task, measure it, write the result, until the parent leaves."""
+    pin_threads(threads)
+    tasks, results = os.fdopen(task_fd, "rb"), os.fdopen(result_fd, "wb")
+    _write(results, "ready")
+    while True:
+        try:
+            work = _read(tasks)  # a task, or a list of them (``run_batch``)
+        except _WorkerLost:  # the parent closed the pipe or exited
+            return
+        try:
+            result = measure_batch(work) if isinstance(work, list) else measure(work)
+        except BaseException as err:  # noqa: BLE001 -- anything measure did not expect
+            failed = MeasureResult(Cost.invalid(f"measuring failed: {type(err).__name__}: {first_line(err)}"))
+            result = [failed] * len(work) if isinstance(work, list) else failed
+        _write(results, result)
+

@@ -1,0 +1,308 @@
+"""The measurer: what each candidate costs on this machine, measured once and logged.
+
+A candidate is extracted as a standalone function (its own weights inside), compiled alone on
+its backend (TVM's, several to a module), run once on the values it reads in the model (one
+unoptimized TVM run of the whole graph on seeded inputs computes them all) and compared with
+the values that run computed for its outputs, then timed: warm-up, then samples until their
+spread is small or a cap is hit. Candidates no winning placement would use are not measured
+(``SearchBound``). That
+happens on a runner (``isolation``): by default a worker process, so a library that crashes or
+hangs costs one candidate. Anything that goes wrong (the library rejects the sub-graph,
+compiling or running raises, the values disagree, the worker dies or overruns) becomes
+``Cost.invalid(reason)``: the DP never picks it, and nothing is raised to the caller.
+
+Costs go to the ``CostLog`` under (backend, library version, structural key, device, threads,
+precision, pattern), so a second run over the same model measures nothing.
+
+The measurer also serves each backend's transition cost (``transition.py``), logged the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import tvm_ffi
+
+from ..candidates.backend import REFERENCE_BACKEND, BackendSet
+from ..candidates.generate import Candidate
+from ..config import Config
+from .cost import Cost, Device
+from .cost_log import CostLog, LogKey
+from .isolation import MeasureResult, MeasureTask, shared_worker
+from .meters import EnergyMeter
+from .runner import intermediate_values
+from .transition import measure_transition
+
+TRANSITION = "transition"  # the pattern name of the transition-cost row in the log
+# Candidates compiled together (``Backend.compile_many``): large enough that setting up the
+# compiler is paid rarely, small enough that a batch that does not compile (each of its
+# candidates is then compiled alone) or a worker that dies on one costs little.
+BATCH = 48
+
+
+
+class Measurer:
+    """The ``CostSource`` of real runs: logged costs first, measurements for the rest.
+
+    ``backends`` is the BackendSet the candidates come from. ``runner`` is where candidates
+    are measured (default: this process's shared worker process, ``isolation.shared_worker``).
+    Every measured cost is logged; ``measured`` counts what this measurer measured itself
+    (zero on a re-run).
+    """
+
+    def __init__(
+        self,
+        backends: BackendSet,
+        config: Config = Config(),
+        log: CostLog | None = None,
+        meter: EnergyMeter | None = None,
+        precision: str = "float32",
+    ):
+        self.backends = backends
+        self.target = config.target
+        self.device = Device.this_machine(config.threads, config.target)
+        self.log = log if log is not None else CostLog()
+        self.timing = config.timing
+        self.precision = precision
+        self.seed = config.seed
+        self.runner = config.runner if config.runner is not None else shared_worker(self.device.threads)
+        self.meter = meter  # with a meter, every cost has the energy of a call too
+        self.measured = 0
+        self.skipped: dict[LogKey, str] = {}  # not measured, by which rule (``SearchBound``); never logged
+        self._costs: dict[LogKey, Cost] = {}
+        # The reference backend's outputs of each sub-graph function, by its structural hash
+        # (not by node indices: the substitution search measures the candidates of many graphs).
+        self._references: dict[int, list[np.ndarray]] = {}
+        self._transitions: dict[str, float] = {}
+        # While measure_all runs: its graph and every value it computes (runner.intermediate_values).
+        self._values: tuple[object, dict] = (None, {})
+
+    # -- CostSource --
+
+    def cost(self, candidate: Candidate) -> Cost:
+        key = self.key(candidate)
+        if key in self._costs:
+            return self._costs[key]
+        cost = self.log.get(key)
+        if cost is None or self._lacks_energy(cost):  # not measured, or not yet with a meter
+            return self._keep(candidate, self.measure(candidate))
+        self._costs[key] = cost
+        return cost
+
+    def transition_ms(self, backend: str) -> float:
+        """What entering a partition of ``backend`` costs beyond its kernel (``transition.py``),
+        measured once per backend and device and logged."""
+        if backend == REFERENCE_BACKEND:
+            return 0.0
+        if backend not in self._transitions:
+            key = self.transition_key(backend)
+            cost = self.log.get(key)
+            if cost is None:
+                measured = measure_transition(self.backends[backend], self.target, self.device.threads, self.timing)
+                cost = self.log.put(key, measured)
+            # A backend that runs none of the probes has no measured transition: it is charged none.
+            self._transitions[backend] = cost.value_ms if cost.is_valid else 0.0
+        return self._transitions[backend]
+
+    def key(self, candidate: Candidate) -> LogKey:
+        return LogKey.of(candidate, self.backends[candidate.backend], self.device, self.precision)
+
+    def transition_key(self, backend: str) -> LogKey:
+        """Where ``backend``'s transition cost is logged."""
+        b = self.backends[backend]
+        return LogKey(b.name, b.library, TRANSITION, self.device.name, self.device.threads, self.precision, TRANSITION)
+
+    def missing(self, candidates: Iterable[Candidate]) -> list[Candidate]:
+        """The distinct candidates with no logged cost, the reference backend first for each
+        sub-graph (its run gives the reference the others are checked against)."""
+        todo: dict[LogKey, Candidate] = {}
+        with self.log:
+            for c in candidates:
+                key = self.key(c)
+                if key in todo or key in self._costs:
+                    continue
+                cost = self.log.get(key)
+                if cost is None or self._lacks_energy(cost):
+                    todo[key] = c
+                else:
+                    self._costs[key] = cost
+        return sorted(todo.values(), key=lambda c: (min(c.subgraph.nodes), c.backend != REFERENCE_BACKEND))
+
+    def measure_all(self, candidates: Iterable[Candidate], progress: bool = True) -> None:
+        """Measure every candidate not in the log, with a progress bar on stderr, less those
+        no placement that could win would use (``SearchBound``; ``skipped`` says why).
+
+        The reference backend's candidates go first, then each whole-model candidate (an
+        engine alone), then the rest. Candidates of a backend that compiles several at once
+        (``Backend.compile_many``) go in batches of ``BATCH``. Candidates of one graph run on
+        the values its unoptimized run computes (``runner.intermediate_values``), which are
+        also their reference outputs."""
+        candidates = list(candidates)
+        todo = self.missing(candidates)
+        graphs = {id(c.subgraph.graph): c.subgraph.graph for c in todo}
+        if len(graphs) == 1:
+            graph = next(iter(graphs.values()))
+            try:
+                values = intermediate_values(graph, self.seed)
+            except Exception:  # noqa: BLE001 -- TVM cannot run the whole graph: each candidate draws its own
+                values = None
+            if values is not None:
+                self._values = (graph, values)
+        try:
+            self._measure_all(candidates, todo, progress)
+        finally:
+            self._values = (None, {})
+
+    def _measure_all(self, candidates: list[Candidate], todo: list[Candidate], progress: bool) -> None:
+        from tqdm import tqdm
+
+        batched: dict[str, list[Candidate]] = {}
+        for c in sorted(todo, key=lambda c: c.backend != REFERENCE_BACKEND):
+            if self.backends[c.backend].compile_many is not None:
+                batched.setdefault(c.backend, []).append(c)
+        # Whole-model candidates first: what they cost bounds the rest.
+        alone = sorted((c for c in todo if self.backends[c.backend].compile_many is None), key=lambda c: not _whole(c))
+        with tqdm(total=len(todo), desc="measuring", unit="candidate", disable=not progress or not todo,
+                  file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5) as bar:
+            for same_backend in batched.values():
+                for start in range(0, len(same_backend), BATCH):
+                    bar.update(len(self.measure_batch(same_backend[start : start + BATCH])))
+            bound = None
+            for c in alone:
+                if bound is None and not _whole(c):
+                    bound = SearchBound.of(candidates, self)
+                skip = bound.skip(c) if bound is not None else None
+                if skip is None:
+                    self.cost(c)
+                else:
+                    self.skipped[self.key(c)] = skip.rule
+                    self._costs[self.key(c)] = Cost.invalid(skip.reason)
+                bar.update()
+
+    def _lacks_energy(self, cost: Cost) -> bool:
+        return self.meter is not None and cost.is_valid and cost.energy_mj is None
+
+    def _keep(self, candidate: Candidate, cost: Cost) -> Cost:
+        """A fresh measurement, logged (only its energy, where the log had the rest)."""
+        key = self.key(candidate)
+        logged = self.log.get(key)
+        if logged is None:
+            cost = self.log.put(key, cost)
+        elif cost.is_valid and cost.energy_mj is not None:  # measured again for its energy
+            cost = self.log.add_energy(key, cost.energy_mj)
+        else:
+            cost = logged
+        self.measured += 1
+        self._costs[key] = cost
+        return cost
+
+    # -- measuring --
+
+    def measure(self, candidate: Candidate) -> Cost:
+        """Compile, check and time one candidate on the runner; never raises."""
+        task = self._task(candidate)
+        return task if isinstance(task, Cost) else self._result(task, self.runner.run(task))
+
+    def measure_batch(self, candidates: list[Candidate]) -> list[Cost]:
+        """Candidates of one backend measured together on the runner (``run_batch``), each
+        logged as ``cost`` logs it; never raises."""
+        tasks = [self._task(c) for c in candidates]
+        sent = [t for t in tasks if isinstance(t, MeasureTask)]
+        results = iter(self.runner.run_batch(sent) if sent else [])
+        return [self._keep(c, t if isinstance(t, Cost) else self._result(t, next(results)))
+                for c, t in zip(candidates, tasks)]  # fmt: skip
+
+    def _task(self, candidate: Candidate) -> MeasureTask | Cost:
+        """What the runner needs to measure ``candidate``, or why it cannot be measured."""
+        backend = self.backends[candidate.backend]
+        reason = backend.unavailable_reason(self.target)
+        if reason is not None:
+            return Cost.invalid(reason)
+        try:
+            func = candidate.subgraph.extract()
+        except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
+            return Cost.invalid(str(err))
+        graph, values = self._values
+        if candidate.subgraph.graph is not graph:
+            return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed, self.timing,
+                               self._references.get(tvm_ffi.structural_hash(func)), self.meter)
+        # Read off the whole graph's values; TVM's own kernels are the reference, unchecked.
+        inputs = [values[value] for value in candidate.subgraph.arguments()]
+        reference = None if backend.name == REFERENCE_BACKEND else [values[graph[i].var] for i in candidate.subgraph.outputs]
+        return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed,
+                           self.timing, reference, self.meter, inputs)  # fmt: skip
+
+    def _result(self, task: MeasureTask, result: MeasureResult) -> Cost:
+        """The cost in ``result``, keeping the reference outputs it brings for later tasks."""
+        if result.reference is not None:
+            self._references[tvm_ffi.structural_hash(task.func)] = result.reference
+        return result.cost
+
+
+TVM_CHEAPER = "TVM runs the same ops for less than entering the backend costs"
+WHOLE_MODEL_FASTER = "entering the backend costs more than the best whole-model candidate takes"
+
+
+class Skip(NamedTuple):
+    rule: str  # TVM_CHEAPER or WHOLE_MODEL_FASTER
+    reason: str  # with the numbers, the skipped candidate's (invalid) cost says this
+
+
+def _whole(candidate: Candidate) -> bool:
+    return len(candidate.subgraph) == len(candidate.subgraph.graph)
+
+
+@dataclass(frozen=True)
+class SearchBound:
+    """Which candidates no winning placement would use, from costs measured already.
+
+    The DP prices a placement as its kernels' costs plus, for each partition of a backend
+    other than TVM, that backend's transition (``transition.py``): at least the transition,
+    whatever the kernel costs. So a candidate of backend B, not yet measured, is skipped when
+
+    - *TVM runs the same ops for less than entering B costs* (``tvm_ms[nodes]`` at most
+      B's transition): a placement using the candidate is never cheaper than the same with
+      TVM's candidate in its place, so no placement the DP returns changes; or
+    - *entering B costs more than the best whole-model candidate takes* (``whole_ms``, a
+      kernel measured alone, as a whole-model placement runs: no neighbour puts its threads
+      to sleep): every placement with a B partition is estimated slower than that one.
+
+    Whole-model candidates are never skipped: each is a finalist of its own.
+    """
+
+    tvm_ms: dict[frozenset[int], float]  # TVM's measured cost of each sub-graph it has a candidate for
+    whole_ms: float  # the cheapest valid whole-model candidate's cost; inf when none
+    whole_by: str  # whose it is
+    transition_ms: Callable[[str], float]
+
+    @classmethod
+    def of(cls, candidates: list[Candidate], measurer: Measurer) -> SearchBound:
+        """The bound from ``measurer``'s costs of the TVM and whole-model candidates."""
+        tvm_ms, whole = {}, []
+        for c in candidates:
+            if c.backend == REFERENCE_BACKEND and (cost := measurer.cost(c)).is_valid:
+                tvm_ms[c.subgraph.nodes] = min(cost.median_ms, tvm_ms.get(c.subgraph.nodes, math.inf))
+            if _whole(c) and (cost := measurer.cost(c)).is_valid:
+                whole.append((cost.median_ms, c.backend))
+        whole_ms, whole_by = min(whole, default=(math.inf, ""))
+        return cls(tvm_ms, whole_ms, whole_by, measurer.transition_ms)
+
+    def skip(self, candidate: Candidate) -> Skip | None:
+        """Why ``candidate`` need not be measured, or None."""
+        if candidate.backend == REFERENCE_BACKEND or _whole(candidate):
+            return None
+        b, entering = candidate.backend, self.transition_ms(candidate.backend)
+        tvm = self.tvm_ms.get(candidate.subgraph.nodes, math.inf)
+        if tvm <= entering:
+            return Skip(TVM_CHEAPER, f"not measured: TVM runs these ops in {tvm:.3g} ms, no more than entering {b} costs ({entering:.3g} ms)")
+        if entering >= self.whole_ms:
+            return Skip(WHOLE_MODEL_FASTER, f"not measured: entering {b} costs {entering:.3g} ms, no less than "
+                                            f"{self.whole_by} takes for the whole model ({self.whole_ms:.3g} ms)")  # fmt: skip
+        return None
+
+

@@ -1,0 +1,206 @@
+"""Importing models: an ONNX model (a file or an ``onnx.ModelProto``) or a PyTorch module
+becomes a Relax IRModule with its weights bound.
+
+``collage.optimize`` places a Relax module; ``import_model`` is how the other kinds of model a
+user hands it get there, through TVM's own importers, with one clear sentence for each way it
+can go wrong (no such file, not ONNX, an operator an importer lacks, a module in training
+mode), so the command line and ``optimize`` can show that sentence instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import tvm
+
+from ..measuring.runner import first_line
+
+
+class ModelImportError(Exception):
+    """The model file cannot be imported; the message names the file and the reason."""
+
+
+class Imported(NamedTuple):
+    mod: tvm.IRModule
+    onnx_model: object | None  # the ONNX model it came from, or torch's export of it, for the engines to run whole
+    onnx_note: str | None = None  # why a PyTorch module has no ONNX export beside it
+
+
+
+def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]] | None = None) -> Imported:
+    """``model`` as a Relax IRModule: a Relax module as it is; an ONNX model (a file, or an
+    ``onnx.ModelProto``), its dynamic inputs fixed by ``shapes``; a ``torch.nn.Module`` or
+    ``torch.export.ExportedProgram``, exported for ``example_inputs``."""
+    if isinstance(model, tvm.IRModule):
+        if example_inputs is not None or shapes:
+            raise ModelImportError("example_inputs and shapes are for models still to import, not a Relax module")
+        return Imported(model, None)
+    import onnx
+
+    if isinstance(model, (str, os.PathLike, onnx.ModelProto)):
+        if example_inputs is not None:
+            raise ModelImportError("example_inputs are for a PyTorch module; an ONNX model's dynamic inputs take shapes=")
+        label, proto = _read_onnx(model)  # read once: the engines run the same model whole
+        return Imported(_import_onnx(label, proto, shapes), proto)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
+        if shapes:
+            raise ModelImportError("shapes are for an ONNX model; a PyTorch module takes example_inputs of its shapes")
+        mod = load_torch(model, example_inputs)
+        exported, note = export_onnx(model, example_inputs)
+        return Imported(mod, exported, note)
+    raise ModelImportError(
+        f"cannot optimize a {type(model).__name__}: collage takes a Relax tvm.IRModule, an ONNX model (a file "
+        "or an onnx.ModelProto) or a PyTorch module (torch.nn.Module with example_inputs)"
+    )
+
+
+def load_torch(module, example_inputs) -> tvm.IRModule:
+    """A PyTorch module (or exported program) as a Relax IRModule, by ``torch.export`` on
+    ``example_inputs`` (a tensor or a tuple of them: the shapes it will be called with) and
+    TVM's importer, weights bound as constants. Inference only: a module in training mode is
+    refused, since its batch norms and dropouts would compute something else."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    if isinstance(module, torch.nn.Module) and module.training:
+        raise ModelImportError("the PyTorch module is in training mode; collage optimizes inference: call .eval() first")
+    if isinstance(module, torch.export.ExportedProgram):
+        exported = module
+    else:
+        if example_inputs is None:
+            raise ModelImportError("a PyTorch module needs example_inputs: a tensor, or a tuple of them, of the shapes it takes")
+        inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+        try:
+            exported = torch.export.export(module, inputs)
+        except Exception as err:  # noqa: BLE001 -- torch.export's errors share no type
+            raise ModelImportError(f"torch.export cannot export the module: {type(err).__name__}: {first_line(err)}") from None
+    try:
+        return from_exported_program(exported, keep_params_as_input=False)
+    except Exception as err:  # noqa: BLE001 -- "Unsupported function types [...]" is an AssertionError
+        raise ModelImportError(f"TVM's PyTorch importer cannot import it: {first_line(err)}") from None
+
+
+def export_onnx(module, example_inputs) -> tuple[object | None, str | None]:
+    """(the ONNX model ``torch.onnx.export`` writes of ``module``, None), as its users export
+    it for an inference engine, or (None, why not). The engines' graph optimizers recognise
+    what that exporter writes (GELU, LayerNorm, attention), so each engine runs this file whole
+    among the finalists, beside collage's own conversion."""
+    import onnx
+    import torch
+
+    # The opset and IR version collage's own conversion writes, which every engine here loads;
+    # the TorchScript exporter writes opset 17 natively (the dynamo exporter starts at 18).
+    from ..candidates.onnx_convert import IR_VERSION, OPSET
+
+    if isinstance(module, torch.export.ExportedProgram):
+        module = module.module()
+    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    buffer = io.BytesIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+            torch.onnx.export(module, inputs, buffer, dynamo=False, opset_version=OPSET)
+        model = onnx.load_from_string(buffer.getvalue())
+    except Exception as err:  # noqa: BLE001 -- the exporter's errors share no type
+        return None, f"torch.onnx.export cannot export the module: {type(err).__name__}: {first_line(err)}"
+    model.ir_version = IR_VERSION
+    return model, None
+
+
+def load_onnx(source, shapes: Mapping[str, Sequence[int]] | None = None) -> tvm.IRModule:
+    """The ONNX model at ``source`` (a path, or an ``onnx.ModelProto``) as a Relax IRModule
+    whose ``main`` takes the model's inputs, weights bound as constants. ``shapes`` (input
+    name -> shape) fixes inputs the file leaves dynamic, such as a batch dimension; collage
+    needs static shapes."""
+    return _import_onnx(*_read_onnx(source), shapes)
+
+
+def _read_onnx(source):
+    """(what error lines call it, the ModelProto) of a path or a ModelProto."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if isinstance(source, onnx.ModelProto):
+        return Path("the ONNX model"), source
+    path = Path(source)
+    if not path.is_file():
+        raise ModelImportError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    try:
+        return path, onnx.load(path)
+    except DecodeError as err:
+        raise ModelImportError(f"{path}: not an ONNX model (protobuf: {err})") from None
+
+
+def _import_onnx(path: Path, model, shapes) -> tvm.IRModule:
+    if not model.graph.node:
+        raise ModelImportError(f"{path}: not an ONNX model (it holds no graph)")
+    _check_shapes(path, model, shapes)
+    try:
+        try:
+            return _from_onnx(model, shapes)
+        except tvm.error.OpNotImplemented:
+            raise
+        except Exception as first:  # noqa: BLE001 -- perhaps what a clean-up makes importable
+            try:
+                return _from_onnx(cleaned_up(model), shapes)
+            except Exception:  # noqa: BLE001 -- the clean-up did not help: report the first error
+                raise first from None
+    except tvm.error.OpNotImplemented as err:
+        # TVM's message: "The following operators are not supported for frontend ONNX: A, B"
+        ops = str(err).strip().rpartition(": ")[2]
+        raise ModelImportError(f"{path}: TVM's ONNX importer does not support operator(s) {ops}") from None
+    except Exception as err:  # noqa: BLE001 -- the importer's own errors share no type
+        raise ModelImportError(f"{path}: TVM cannot import it: {type(err).__name__}: {first_line(err)}") from None
+
+
+def _from_onnx(model, shapes):
+    from tvm.relax.frontend.onnx import from_onnx
+
+    # The importer turns the ONNX checker's complaints into warnings and prints the inputs of
+    # an operator it fails on; load_onnx's error says what went wrong.
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        return from_onnx(model, shape_dict=dict(shapes) if shapes else None, keep_params_in_input=False)
+
+
+def cleaned_up(model):
+    """``model`` after ONNX Runtime's basic graph optimizations (constant folding, redundant
+    nodes removed; they leave standard ONNX operators only) and ONNX's shape inference. Some
+    exporters compute from constant shapes what TVM's importer needs as constants ("Dynamic
+    pads are not supported yet"), and this makes them importable."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model.ir_version = min(model.ir_version, 10)  # what ONNX Runtime reads
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    with tempfile.TemporaryDirectory() as tmp:
+        options.optimized_model_filepath = str(Path(tmp) / "cleaned.onnx")
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        cleaned = onnx.load(options.optimized_model_filepath)
+    return onnx.shape_inference.infer_shapes(cleaned)
+
+
+def _check_shapes(path: Path, model, shapes) -> None:
+    """Each given shape names an input of the model and has that input's rank."""
+    if not shapes:
+        return
+    weights = {init.name for init in model.graph.initializer}
+    inputs = {i.name: i for i in model.graph.input if i.name not in weights}
+    unknown = sorted(set(shapes) - set(inputs))
+    if unknown:
+        raise ModelImportError(f"{path}: no input named {', '.join(unknown)} (inputs: {', '.join(inputs)})")
+    for name, shape in shapes.items():
+        dims = inputs[name].type.tensor_type.shape.dim
+        if dims and len(dims) != len(shape):
+            raise ModelImportError(f"{path}: input {name} has {len(dims)} dimensions, the shape given has {len(shape)}")

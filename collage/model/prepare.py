@@ -1,0 +1,163 @@
+"""The model as every stage takes it: ``main`` with its weights bound and static tensor
+inputs, simplified, the backends asked for, the graph to place, and the unoptimized outputs
+that every assembled module is checked against. ``optimize`` and ``load_placement`` both
+start here (``prepare_model``)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from ..candidates.backend import REFERENCE_BACKEND, Backend, BackendSet, default_backends
+from ..config import Config
+from ..errors import OptimizeError
+from ..measuring.cost_log import CostLog
+from ..measuring.runner import (build_vm, device_for, first_line, numpy_outputs, random_inputs, reference_vm,
+                                static_shape, to_tensors)
+from .graph import DataflowGraph
+from .simplify import SimplifyReport, simplify
+
+
+@dataclass
+class Model:
+    """The model as every stage takes it."""
+
+    original: tvm.IRModule  # bound, unoptimized: what every assembled module is checked against
+    prepared: tvm.IRModule  # simplified (unless the config says not to, or simplifying failed)
+    simplified: SimplifyReport | None
+    simplify_failed: str | None  # why it is placed as given
+    backends: BackendSet  # those asked for
+    usable: list[Backend]  # those of them that run here
+    excluded: dict[str, str]  # the others, with why
+    log: CostLog
+    onnx_model: onnx.ModelProto | None  # the file the model came from, for the engines to run whole
+    config: Config
+    arrays: list[np.ndarray]  # seeded inputs
+
+    @functools.cached_property
+    def expected(self) -> list[np.ndarray]:
+        """The unoptimized module's outputs on ``arrays`` (from the log, else run once), asked
+        for when the first module is checked: a model TVM cannot run gets the placement's own
+        error first, which names the operator."""
+        return reference_outputs(self.original, self.arrays, self.log, self.config.seed, self.config.target)
+
+
+def prepare_model(
+    config: Config,
+    mod: tvm.IRModule,
+    backends: BackendSet | Iterable[Backend | str] | None,
+    cost_log: CostLog | str | os.PathLike | None,
+    params: Mapping[str, np.ndarray] | None = None,
+    onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
+) -> Model:
+    """Bind, check and simplify ``mod``; gather the backends and the log; draw the seeded
+    inputs. ``OptimizeError`` for input it cannot take."""
+    original = bound_main(mod, params)
+    asked = backend_set(backends)
+    usable, excluded = asked.usable(config.target)
+    if not any(b.name == REFERENCE_BACKEND for b in usable):
+        raise OptimizeError("the 'tvm' backend must be among the backends: it is the fallback for every operator")
+    log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
+    if onnx_model is not None and not isinstance(onnx_model, onnx.ModelProto):
+        onnx_model = onnx.load(onnx_model)
+    prepared, report, failed = original, None, None
+    if config.simplify:
+        try:
+            prepared, report = simplify(original, report=True)
+        except Exception as err:  # noqa: BLE001 -- a TVM pass failing on this model: place it as given
+            failed = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
+    arrays = random_inputs(original["main"], config.seed)
+    return Model(original, prepared, report, failed, asked, usable, excluded, log, onnx_model, config, arrays)
+
+def bound_main(mod, params: Mapping[str, np.ndarray] | None) -> tvm.IRModule:
+    """``mod`` with ``params`` bound into ``main``, checked to take static tensor inputs only."""
+    if not isinstance(mod, tvm.IRModule):
+        raise OptimizeError(
+            f"collage.optimize takes a Relax tvm.IRModule, not {type(mod).__name__}; import ONNX models "
+            "with tvm.relax.frontend.onnx.from_onnx and PyTorch ones with tvm.relax.frontend.torch"
+        )
+    main = mod["main"] if any(gv.name_hint == "main" for gv in mod.get_global_vars()) else None
+    if not isinstance(main, relax.Function):
+        raise OptimizeError("the module has no Relax function named 'main' to optimize")
+    if params:
+        known = {p.name for p in main.params}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise OptimizeError(f"params name no input of main: {', '.join(unknown)} (inputs: {', '.join(sorted(known))})")
+        mod = relax.transform.BindParams("main", {k: tvm.runtime.tensor(np.asarray(v)) for k, v in params.items()})(mod)
+    for p in mod["main"].params:
+        if not isinstance(p.ty, relax.TensorType):
+            raise OptimizeError(f"input {p.name!r} is a {p.ty}, not a tensor; collage takes tensor inputs")
+        try:
+            static_shape(p.ty)
+        except ValueError as err:
+            raise OptimizeError(f"input {p.name!r}: {err}") from None
+    return mod
+
+
+def backend_set(backends: BackendSet | Iterable[Backend | str] | None) -> BackendSet:
+    """The backends asked for (records or names of registered ones); None: every registered one."""
+    if backends is None:
+        return default_backends()
+    if isinstance(backends, BackendSet):
+        return backends
+    defaults = default_backends()
+    chosen = []
+    for b in backends:
+        if isinstance(b, Backend):
+            chosen.append(b)
+        else:
+            try:
+                chosen.append(defaults[b])
+            except KeyError as err:
+                raise OptimizeError(err.args[0]) from None
+    return BackendSet(chosen)
+
+
+class Unplaceable(Exception):
+    """``main`` holds nothing collage can place; the message says why. TVM still runs it."""
+
+
+def dataflow_graph(mod: tvm.IRModule) -> DataflowGraph:
+    """The graph of ``main``'s operators, its bindings put in one dataflow block if need be.
+    Raises ``Unplaceable`` when there is no operator, or a binding the graph cannot hold (a
+    ``match_cast`` to shapes known only at run time, as ONNX's Range imports)."""
+    main = mod["main"]
+    if not any(block.bindings for block in main.body.blocks):
+        raise Unplaceable("main holds no operator (it returns its inputs or constants)")
+    try:
+        return DataflowGraph.from_module(mod)
+    except ValueError:
+        pass
+    try:
+        return DataflowGraph.from_module(relax.transform.ConvertToDataflow(min_size=1)(mod))
+    except ValueError as err:
+        raise Unplaceable(f"main cannot be placed: {err}") from None
+
+
+def reference_outputs(original, arrays, log: CostLog, seed: int, target: str) -> list[np.ndarray]:
+    """The unoptimized module's outputs on ``arrays`` (drawn with ``seed``): from the log, else
+    run on TVM and saved."""
+    # "inputs 2": drawn inside each operator's domain since (runner.random_inputs).
+    key = f"{tvm_ffi.structural_hash(original):x} seed {seed} inputs 2 {target}"
+    saved = log.get_reference(key)
+    if saved is None:
+        try:
+            # On the CPU unoptimized by LLVM, as the candidates' references: same outputs, a quarter of the compile.
+            vm = reference_vm(original) if target == "llvm" else build_vm(original, target)
+            saved = numpy_outputs(vm["main"](*to_tensors(arrays, device_for(target))))
+        except Exception as err:  # noqa: BLE001 -- TVM's own failure on this model
+            raise OptimizeError(
+                f"TVM cannot run the unoptimized model, which every placement is checked against: "
+                f"{type(err).__name__}: {first_line(err)}"
+            ) from None
+        log.put_reference(key, saved)
+    return saved

@@ -1,0 +1,128 @@
+"""An inference engine alone on the whole model, as its users run it.
+
+A user who has an ONNX file can hand it to ONNX Runtime or OpenVINO directly; collage must
+never be slower than that. So when the model came as an ONNX file, each engine that reads
+ONNX (``Backend.compile_onnx``) runs that very file, with its users' settings, as one more
+finalist: ``main`` becomes one ``call_dps_packed`` of the engine's kernel on the caller's
+buffers. When it did not, the engine's largest region is the whole model as long as every op
+converts to ONNX, and ``blockers`` names the ops that keep it from being so.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+
+import onnx
+import tvm
+from tvm import relax
+
+from ..assembling.assemble import Assembly, KernelSource
+from ..candidates.backend import Backend
+from ..candidates.generate import Candidate
+from ..candidates.onnx_convert import IR_VERSION, supports
+from ..candidates.subgraph import SubGraph
+from ..measuring.cost import Cost
+from ..measuring.runner import build_vm, device_for, first_line, static_shape, to_tensors
+from ..model.graph import DataflowGraph
+from .end_to_end import wrong_result
+from .finalists import Finalist
+from .placement import Partition
+
+FILE_SUFFIX = ".model"  # the pattern name of an engine running the user's file: "<backend>.model"
+
+_ids = itertools.count()
+
+
+class EngineAloneFailed(Exception):
+    """The engine cannot run the user's file in place of ``main``; the message says why."""
+
+
+def blockers(graph: DataflowGraph, backend: Backend) -> dict[str, tuple[int, str]]:
+    """The operators no rule of ``backend`` takes, each with its count and why (the first
+    such node's reason): what keeps the engine from the whole model."""
+    found: dict[str, list] = collections.OrderedDict()
+    for node in graph:
+        if not any(rule.valid_op(graph, node) for rule in backend.rules):
+            entry = found.setdefault(node.op, [0, None])
+            entry[0] += 1
+            entry[1] = entry[1] or supports(graph, node) or f"no rule of {backend.name} takes it"
+    return {op: (count, reason) for op, (count, reason) in found.items()}
+
+
+def blockers_text(engine: str, found: dict[str, tuple[int, str]]) -> str:
+    ops = ", ".join(f"{op.removeprefix('relax.')} x{count} ({reason})" for op, (count, reason) in found.items())
+    return f"{engine} cannot take the whole model: {ops}"
+
+
+def from_onnx_file(
+    original: tvm.IRModule, graph: DataflowGraph, backend: Backend, model: onnx.ModelProto, target: str,
+    threads: int = 0,
+) -> tuple[Assembly, Partition]:
+    """``original``'s ``main`` as one call of ``backend`` running ``model`` (the file it was
+    imported from) on ``threads`` threads (0: the engine's default), and that call as a
+    partition of ``graph``. Raises ``EngineAloneFailed``."""
+    main = original["main"]
+    model = _with_static_inputs(model, main)
+    outputs = main.ret_ty.fields if isinstance(main.ret_ty, relax.TupleType) else [main.ret_ty]
+    if len(model.graph.output) != len(outputs) or not all(isinstance(t, relax.TensorType) for t in outputs):
+        raise EngineAloneFailed(
+            f"the ONNX file has {len(model.graph.output)} output(s); main returns {main.ret_ty}"
+        )
+    try:
+        kernel = backend.compile_onnx(model, target, threads, alone=True)
+    except Exception as err:  # the engine's own refusal: this finalist is left out with it
+        raise EngineAloneFailed(f"{backend.name} cannot run the ONNX file: {type(err).__name__}: {err}") from None
+    name = f"collage_alone_{next(_ids)}.{backend.name}"
+    tvm.register_global_func(name, kernel, override=True)
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(main.params), dict(main.attrs) if main.attrs else None):
+        with bb.dataflow():
+            out_ty = list(outputs) if isinstance(main.ret_ty, relax.TupleType) else outputs[0]
+            out = bb.emit_output(relax.call_dps_packed(name, relax.Tuple(list(main.params)), out_ty=out_ty))
+        bb.emit_func_output(out)
+    whole = Candidate(SubGraph(graph, frozenset(range(len(graph)))), backend.name, f"{backend.name}{FILE_SUFFIX}")
+    partition = Partition(whole, Cost.unknown())
+    source = KernelSource(backend.name, partition.pattern, alone=True, onnx_model=model)
+    return Assembly(bb.get(), [(partition, name, kernel)], {name: source}), partition
+
+
+def checked_on_file(original: tvm.IRModule, graph: DataflowGraph, backend: Backend, model: onnx.ModelProto,
+                    check: tuple[list, list], target: str, threads: int) -> Finalist:
+    """``from_onnx_file``'s module, built and checked on ``check`` (inputs, the unoptimized
+    module's outputs on them), as a finalist. Raises ``EngineAloneFailed`` saying why not: the
+    engine refuses the file, fails running it, or computes otherwise."""
+    try:
+        assembly, partition = from_onnx_file(original, graph, backend, model, target, threads)
+        vm = build_vm(assembly.module, target)
+        arrays, expected = check
+        problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected)
+    except EngineAloneFailed:
+        raise
+    except Exception as err:  # a library raising at build or run time: this finalist cannot be
+        raise EngineAloneFailed(f"{backend.name} failed running the ONNX file: {type(err).__name__}: {first_line(err)}") from None
+    if problem is not None:
+        raise EngineAloneFailed(f"{backend.name} on the ONNX file disagrees with the unoptimized module: {problem}")
+    return Finalist([partition], assembly, vm, math.nan)
+
+
+def _with_static_inputs(model: onnx.ModelProto, main: relax.Function) -> onnx.ModelProto:
+    """A copy of ``model`` whose inputs have ``main``'s static shapes (a dynamic batch fixed by
+    the user), loadable by the engines here (IR version at most 10)."""
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in initializers]
+    if len(inputs) != len(main.params):
+        raise EngineAloneFailed(f"the ONNX file has {len(inputs)} input(s); main takes {len(main.params)}")
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    fixed.ir_version = min(fixed.ir_version, IR_VERSION)  # ONNX Runtime 1.31 loads IR <= 13
+    for value, param in zip((v for v in fixed.graph.input if v.name not in initializers), main.params):
+        shape = static_shape(param.ty)
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            raise EngineAloneFailed(f"ONNX input {value.name!r} has rank {len(dims)}; main's {param.name_hint!r} has {len(shape)}")
+        for dim, size in zip(dims, shape):
+            dim.Clear()
+            dim.dim_value = size
+    return fixed
