@@ -20,7 +20,7 @@ import time
 from collections import Counter
 
 from collage.measuring import runner
-from collage.model import simplify
+from collage.model.simplify import simplify
 from collage.candidates.backend import default_backends
 from collage.candidates.generate import distinct, generate
 from collage.model.graph import DataflowGraph
