@@ -91,6 +91,7 @@ class RunRecord:
     capped: dict[str, int] = field(default_factory=dict)  # pattern rule -> seeds whose growth stopped at the cap
     measured: int = 0  # candidates measured by this call (the rest came from the cost log)
     skipped: dict[str, int] = field(default_factory=dict)  # search-bound rule -> candidates not measured
+    timed_out: int = 0  # candidates that overran the runner's deadline: not logged, measured again next time
     exact: bool = True  # whether every DP search was exact (no state cap)
     engine_blockers: dict[str, str] = field(default_factory=dict)  # engine -> the ops it cannot take
     left_out: dict[str, str] = field(default_factory=dict)  # a finalist that could not be: why

@@ -57,6 +57,12 @@ def _skipped_text(skipped: dict[str, int]) -> str:
     return f"{sum(skipped.values())} not measured ({'; '.join(f'{n}: {rule}' for rule, n in skipped.items())}), "
 
 
+def _timed_out_text(timed_out: int) -> str:
+    """Candidates that overran the worker's deadline: a busy machine can cause it as well as a
+    hanging library, so they are not logged and are measured again next time."""
+    return f"{timed_out} timed out (not logged: measured again next time), " if timed_out else ""
+
+
 def graph_level_text(g: dict, finalists: dict[FinalistName, FinalistResult]) -> str:
     """The graph-level search in a few lines, with the op-level and refined latencies side by side."""
     if "skipped" in g:
@@ -176,7 +182,7 @@ def format_report(opt) -> str:
     if r.candidates:
         lines.append(
             f"optimization: {r.candidates} candidates ({r.distinct} distinct), "
-            f"{r.measured} measured now, {_skipped_text(r.skipped)}the rest from the cost log; "
+            f"{r.measured} measured now, {_skipped_text(r.skipped)}{_timed_out_text(r.timed_out)}the rest from the cost log; "
             f"{r.seconds.total:.1f} s in all "
             f"(measuring {r.seconds.measure:.1f} s, placing {r.seconds.place:.1f} s, "
             f"assembling and checking {r.seconds.assemble:.1f} s)"

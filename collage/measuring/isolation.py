@@ -117,10 +117,12 @@ def _task(backend, lifted, weights, pattern, target, threads, seed, timing, refe
 class MeasureResult:
     """The candidate's cost, and TVM's outputs for its sub-graph when the task had none (the
     candidate's own when it is TVM's, else a reference run's) so later tasks are checked
-    against them."""
+    against them. ``timed_out``: the candidate overran the runner's deadline, which a busy
+    machine can cause as well as a hanging library, so its failure is not for keeping."""
 
     cost: Cost
     reference: list[np.ndarray] | None = None
+    timed_out: bool = False
 
 
 class MeasureRunner(Protocol):
@@ -203,7 +205,7 @@ class WorkerProcess:
         try:
             return self._exchange(task)
         except _WorkerLost as lost:
-            return MeasureResult(Cost.invalid(self._lost(lost)))
+            return MeasureResult(Cost.invalid(self._lost(lost)), timed_out=lost.timed_out)
 
     def run_batch(self, tasks: list[MeasureTask]) -> list[MeasureResult]:
         """The tasks measured together in the worker; if it dies or overruns on them, each

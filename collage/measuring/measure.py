@@ -74,6 +74,7 @@ class Measurer:
         self.meter = meter  # with a meter, every cost has the energy of a call too
         self.measured = 0
         self.skipped: dict[LogKey, str] = {}  # not measured, by which rule (``SearchBound``); never logged
+        self.timed_out = 0  # candidates that overran the runner's deadline; never logged
         self._costs: dict[LogKey, Cost] = {}
         # The reference backend's outputs of each sub-graph function, by its structural hash
         # (not by node indices: the substitution search measures the candidates of many graphs).
@@ -90,7 +91,7 @@ class Measurer:
             return self._costs[key]
         cost = self.log.get(key)
         if cost is None or self._lacks_energy(cost):  # not measured, or not yet with a meter
-            return self._keep(candidate, self.measure(candidate))
+            return self._keep(candidate, *self._measure_one(candidate))
         self._costs[key] = cost
         return cost
 
@@ -187,11 +188,15 @@ class Measurer:
     def _lacks_energy(self, cost: Cost) -> bool:
         return self.meter is not None and cost.is_valid and cost.energy_mj is None
 
-    def _keep(self, candidate: Candidate, cost: Cost) -> Cost:
-        """A fresh measurement, logged (only its energy, where the log had the rest)."""
+    def _keep(self, candidate: Candidate, cost: Cost, timed_out: bool = False) -> Cost:
+        """A fresh measurement, logged (only its energy, where the log had the rest). A
+        candidate that timed out is not logged: measured again next time, when the machine
+        may be quieter (``timed_out`` counts them)."""
         key = self.key(candidate)
         logged = self.log.get(key)
-        if logged is None:
+        if timed_out:
+            self.timed_out += 1
+        elif logged is None:
             cost = self.log.put(key, cost)
         elif cost.is_valid and cost.energy_mj is not None:  # measured again for its energy
             cost = self.log.add_energy(key, cost.energy_mj)
@@ -205,8 +210,15 @@ class Measurer:
 
     def measure(self, candidate: Candidate) -> Cost:
         """Compile, check and time one candidate on the runner; never raises."""
+        return self._measure_one(candidate)[0]
+
+    def _measure_one(self, candidate: Candidate) -> tuple[Cost, bool]:
+        """``measure``'s cost, and whether the candidate timed out."""
         task = self._task(candidate)
-        return task if isinstance(task, Cost) else self._result(task, self.runner.run(task))
+        if isinstance(task, Cost):
+            return task, False
+        result = self.runner.run(task)
+        return self._result(task, result), result.timed_out
 
     def measure_batch(self, candidates: list[Candidate]) -> list[Cost]:
         """Candidates of one backend measured together on the runner (``run_batch``), each
@@ -214,8 +226,11 @@ class Measurer:
         tasks = [self._task(c) for c in candidates]
         sent = [t for t in tasks if isinstance(t, MeasureTask)]
         results = iter(self.runner.run_batch(sent) if sent else [])
-        return [self._keep(c, t if isinstance(t, Cost) else self._result(t, next(results)))
-                for c, t in zip(candidates, tasks)]  # fmt: skip
+        kept = []
+        for c, t in zip(candidates, tasks):
+            result = None if isinstance(t, Cost) else next(results)
+            kept.append(self._keep(c, t, False) if result is None else self._keep(c, self._result(t, result), result.timed_out))
+        return kept
 
     def _task(self, candidate: Candidate) -> MeasureTask | Cost:
         """What the runner needs to measure ``candidate``, or why it cannot be measured."""
