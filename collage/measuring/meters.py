@@ -81,14 +81,15 @@ def _read(path: str) -> str:
         return f.read().strip()
 
 
-def rapl() -> Rapl:
-    """The RAPL package domains this process can read, or NoEnergyMeter saying why none."""
-    if not os.path.isdir(POWERCAP):
-        raise NoEnergyMeter(f"no RAPL: {POWERCAP} does not exist (no powercap driver, or a virtual machine that hides it)")
+def rapl(powercap: str = POWERCAP) -> Rapl:
+    """The RAPL package domains under ``powercap`` this process can read, or NoEnergyMeter
+    saying why none."""
+    if not os.path.isdir(powercap):
+        raise NoEnergyMeter(f"no RAPL: {powercap} does not exist (no powercap driver, or a virtual machine that hides it)")
     # Top-level zones are packages; their sub-zones (core, uncore, dram) are inside them.
-    domains = sorted(d for d in glob.glob(os.path.join(POWERCAP, "*rapl:[0-9]*")) if d.count(":") == 1)
+    domains = sorted(d for d in glob.glob(os.path.join(powercap, "*rapl:[0-9]*")) if os.path.basename(d).count(":") == 1)
     if not domains:
-        raise NoEnergyMeter(f"no RAPL: {POWERCAP} has no rapl package zone")
+        raise NoEnergyMeter(f"no RAPL: {powercap} has no rapl package zone")
     unreadable = [d for d in domains if not os.access(os.path.join(d, "energy_uj"), os.R_OK)]
     if unreadable:
         raise NoEnergyMeter(f"no RAPL: {unreadable[0]}/energy_uj is not readable by this user (root only since Linux 5.10)")
