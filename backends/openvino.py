@@ -5,14 +5,13 @@ ONNX frontend and compiled for the CPU plugin. The kernel wraps the caller's TVM
 shared-memory ``ov.Tensor`` s over DLPack views, so OpenVINO reads the inputs and writes the
 outputs in place: no copy either way.
 
-Precision: the CPU plugin picks bf16 on CPUs that have it, which misses TVM's f32 results by
-far more than the tolerance, so ``BACKEND`` forces f32; ``with_precision("bf16")`` gives a
-record for another precision, to put in a BackendSet instead. Threads: ``compile``'s
-``threads`` (0 leaves OpenVINO's default). openvino is imported only to compile.
+Precision: the CPU plugin picks bf16 on CPUs that have it natively, which misses TVM's f32
+results by far more than the float32 tolerance, so kernels are compiled in float32 unless
+asked for another precision (``precision=``: bfloat16, offered where the CPU has it natively
+and the user gave an accuracy budget, or ``ENGINE_DEFAULT``, the plugin's own choice).
+Threads: ``compile``'s ``threads`` (0 leaves OpenVINO's default). openvino is imported only
+to compile.
 """
-
-import dataclasses
-import functools
 
 import numpy as np
 import onnx
@@ -22,16 +21,23 @@ from tvm import relax
 from collage.candidates.backend import GRAPH_LEVEL, Backend, BoundBuffers, installed_version
 from collage.candidates.onnx_convert import convertible, to_onnx
 from collage.candidates.pattern import PatternRule
+from collage.candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable
+from collage.measuring.cost import cpu_info
+
+HINTS = {FLOAT32: "f32", BFLOAT16: "bf16"}  # collage's precisions as INFERENCE_PRECISION_HINT spells them
+ENGINE_DEFAULT = "default"  # no hint: the plugin's own choice, as its users run it
 
 
 def _config(precision: str, threads: int) -> dict:
-    config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
+    config = {"PERFORMANCE_HINT": "LATENCY"}
+    if precision != ENGINE_DEFAULT:
+        config["INFERENCE_PRECISION_HINT"] = HINTS[precision]
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
     return config
 
 
-def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool = False, precision: str = "f32"):
+def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool = False, precision: str = FLOAT32):
     import openvino as ov
 
     core = ov.Core()
@@ -60,7 +66,7 @@ def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool 
     return kernel
 
 
-def compile(func: relax.Function, pattern: str, target: str, threads: int, precision: str = "f32"):
+def compile(func: relax.Function, pattern: str, target: str, threads: int, precision: str = FLOAT32):
     return compile_onnx(to_onnx(func), target, threads, precision=precision)
 
 
@@ -74,15 +80,6 @@ BACKEND = Backend(
     # (candidates.regions), and the graph-level search hands it more (collage.placing.refine).
     rules=(PatternRule("openvino.fused", convertible, anchor_then_elementwise),),
     requires=("openvino", "onnx"),
-    library=f"OpenVINO {installed_version('openvino')} (CPU plugin, f32)",
+    library=f"OpenVINO {installed_version('openvino')} (CPU plugin)",
+    precisions=lambda target: () if bf16_unavailable(cpu_info()["isa"]) else (BFLOAT16,),
 )
-
-
-def with_precision(precision: str) -> Backend:
-    """The backend with another ``INFERENCE_PRECISION_HINT`` ("bf16", "f16"), for a BackendSet."""
-    return dataclasses.replace(
-        BACKEND,
-        compile=functools.partial(compile, precision=precision),
-        compile_onnx=functools.partial(compile_onnx, precision=precision),
-        library=BACKEND.library.replace("f32", precision),
-    )

@@ -25,22 +25,24 @@ import tvm_ffi
 
 from .assembling.checked import as_tvm_runs_it, assemble_and_check
 from .candidates.backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet
-from .candidates.generate import PART_SUFFIX, REGION_SUFFIX, generate
+from .candidates.generate import PART_SUFFIX, REGION_SUFFIX, generate, in_precisions
+from .candidates.precision import FLOAT32, bf16_unavailable, short
 from .config import Config
 from .deploying.optimized import OptimizedModule
 from .deploying.report import dominant_tvm_ops
 from .deploying.saved import (LoggedCosts, PlacementFileError, check_backends, check_model, model_hash, partitions_of,
                               placement_backends, read_placement, replay_substitutions, runs_file)
 from .errors import OptimizeError
-from .measuring.cost import Cost
+from .measuring.cost import Cost, cpu_info
 from .measuring.cost_log import CostLog
 from .measuring.isolation import MeasureRunner
 from .measuring.measure import Measurer
 from .measuring.meters import EnergyMeter, NoEnergyMeter, energy_meter
+from .measuring.runner import device_for, numpy_outputs, random_inputs, relative_error, to_tensors
 from .measuring.threads import pin_threads
 from .measuring.timing import Timing
 from .model.frontend import ModelImportError, import_model
-from .model.prepare import Model, Unplaceable, dataflow_graph, prepare_model
+from .model.prepare import Model, Unplaceable, dataflow_graph, prepare_model, reference_outputs
 from .placing.end_to_end import EndToEnd
 from .placing.engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
 from .placing.finalists import Finalist, choose, time_finalists
@@ -51,7 +53,7 @@ from .placing.substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .placing.substitute import SearchResult
 from .placing.substitute import search_in_pieces as search_substitutions
 from .placing.substitute.placement_cost import PlacementCost
-from .record import (SAVED, KERNELS_ONLY, OP_LEVEL, SUBSTITUTED, UNPLACED, FinalistKind, FinalistName, FinalistResult,
+from .record import (SAVED, KERNELS_ONLY, OP_LEVEL, OP_LEVEL_REDUCED, SUBSTITUTED, UNPLACED, FinalistKind, FinalistName, FinalistResult,
                      RunRecord)
 
 def optimize(
@@ -78,6 +80,7 @@ def optimize(
     substitution_budget_s: float = 120.0,
     objective: str | Objective = "time",
     meter: EnergyMeter | None = None,
+    accuracy: float | None = None,
 ) -> OptimizedModule:
     """Place every operator of ``mod``'s ``main`` on the backend where it runs fastest here.
 
@@ -110,14 +113,19 @@ def optimize(
     that needs energy where there is no meter is an ``OptimizeError`` saying why. The
     finalists (collage.placing.finalists) are timed against each other (and metered, for an objective
     that weighs energy) and the best under ``objective`` kept, the simplest among those within
-    noise. Raises ``OptimizeError`` for
+    noise. ``accuracy`` (None: float32 everywhere, as without it) is the largest error the
+    user accepts in each output, relative to that output's largest magnitude in the
+    unoptimized model (``runner.relative_error``; 1e-2 is 1%): backends that compute in a
+    reduced precision natively here (OpenVINO in bfloat16 on CPUs with AVX512_BF16 or AMX)
+    then offer every candidate in it too, and a placement using them is kept only if its
+    measured error, on the seeded inputs and on a second draw, is within it. Raises ``OptimizeError`` for
     input it cannot handle; a failing backend candidate is excluded with its reason and never
     raises.
     """
     config = Config(
         target=target, threads=threads or 0, seed=seed, simplify=simplify, timing=timing, progress=progress,
         graph_level=graph_level, budget_s=budget_s, patience=patience, substitutions=substitutions, alpha=alpha,
-        substitution_budget_s=substitution_budget_s, objective=objective, runner=runner,
+        substitution_budget_s=substitution_budget_s, objective=objective, runner=runner, accuracy=accuracy,
     )  # fmt: skip
     return optimize_with(config, mod, backends, cost_log, params=params, onnx_model=onnx_model,
                          example_inputs=example_inputs, shapes=shapes, meter=meter)  # fmt: skip
@@ -168,6 +176,8 @@ def optimize_with(
 
     t = time.perf_counter()
     candidates = generate(graph, usable, record.capped)
+    offered = _reduced_precisions(usable, config, record)
+    candidates = in_precisions(candidates, offered)
     record.candidates = len(candidates)
     seconds.generate = time.perf_counter() - t
 
@@ -189,7 +199,7 @@ def optimize_with(
     t = time.perf_counter()
     stage("placing")
     try:
-        placements, alone = _placements(graph, candidates, measurer, usable, config.graph_level, record.left_out)
+        placements, alone = _placements(graph, candidates, measurer, usable, config.graph_level, offered, record.left_out)
     except PlacementError as err:  # an operator no backend (not even TVM) could run
         raise OptimizeError(_why_unplaced(err, graph, candidates, measurer)) from None
     seconds.place = time.perf_counter() - t
@@ -201,21 +211,31 @@ def optimize_with(
     stage(f"assembling and checking {len(placements)} placement(s)")
     expected = model.expected
     finalists = {
-        name: assemble_and_check(graph, placement, expected, arrays, backend_set, target, threads)
+        name: assemble_and_check(graph, placement, expected, arrays, backend_set, target, threads,
+                                 config.accuracy if _reduced(placement.partitions) else None)
         for name, placement in placements.items()
-    }
+    }  # fmt: skip
     for engine, name in alone.items():
         # An engine alone that had to fall back is no longer that engine alone (and all-TVM
         # placements of a large model take seconds a call to time).
         if name.kind is FinalistKind.ENGINE_ALONE and finalists[name].fallbacks:
             record.left_out[engine] = f"{engine} alone fell back to tvm: {finalists.pop(name).fallbacks[0][1]}"
+    for name in [n for n in finalists if n.precision != FLOAT32 or n == OP_LEVEL_REDUCED]:
+        # A reduced-precision placement whose every reduced partition fell back is float32:
+        # another finalist already (and all-TVM placements of a large model are slow to time).
+        if not _reduced(finalists[name].partitions):
+            fallbacks = finalists.pop(name).fallbacks
+            why = f"fell back to float32: {fallbacks[0][1]}" if fallbacks else "uses no reduced-precision candidate"
+            record.left_out[str(name)] = f"{name} {why}"
     if substituted is not None:
         finalists[SUBSTITUTED] = _substituted_finalist(
             substituted, measurer, usable, expected, arrays, backend_set, config
         )
     if model.onnx_model is not None:
         stage("running the ONNX file on each engine")
-        finalists.update(_engines_on_file(original, graph, usable, model.onnx_model, expected, arrays, config, record.left_out))
+        finalists.update(_engines_on_file(original, graph, usable, model.onnx_model, expected, arrays, config, offered,
+                                          record.left_out))  # fmt: skip
+    errors = _within_budget(finalists, model, config, record) if config.accuracy is not None else {}
     seconds.assemble = time.perf_counter() - t
 
     if config.graph_level:
@@ -252,8 +272,8 @@ def optimize_with(
     seconds.final_timing = time.perf_counter() - t
     verdicts = timed.race.verdicts() if timed.race is not None else {}
     record.finalists = {
-        name: FinalistResult(f.estimated_ms, measured[name], timed.race.paid_ms(name), verdicts[name].value)
-        if name in verdicts else FinalistResult(f.estimated_ms, measured[name])
+        name: FinalistResult(f.estimated_ms, measured[name], timed.race.paid_ms(name), verdicts[name].value, errors.get(name))
+        if name in verdicts else FinalistResult(f.estimated_ms, measured[name], error=errors.get(name))
         for name, f in finalists.items()
     }  # fmt: skip
     record.chosen, record.tie = chosen, note
@@ -288,10 +308,11 @@ def load_placement(
     started = time.perf_counter()
     saved = read_placement(path)
     config = Config(target=target or saved["target"], threads=threads or saved["threads"],
-                    seed=seed if seed is not None else saved.get("seed") or 0, simplify=saved["simplify"])  # fmt: skip
+                    seed=seed if seed is not None else saved.get("seed") or 0, simplify=saved["simplify"],
+                    accuracy=saved.get("accuracy"))  # fmt: skip
     pin_threads(config.threads)
     model = prepare_model(config, mod, backends if backends is not None else placement_backends(saved), cost_log, params)
-    record = RunRecord(seed=config.seed, objective=config.objective, chosen=SAVED)
+    record = RunRecord(seed=config.seed, objective=config.objective, chosen=SAVED, accuracy=config.accuracy)
     if "unplaced" in saved["model"]:
         if saved["model"].get("hash") != model_hash(model.prepared["main"]):
             raise PlacementFileError(f"{path}: placement was made for another model (hash {saved['model'].get('hash')})")
@@ -302,17 +323,19 @@ def load_placement(
     check_backends(saved, model.backends, model.excluded, path)
     costs = LoggedCosts(Measurer(BackendSet(model.usable), config, model.log))
     partitions = partitions_of(graph, saved, costs, path)
+    rtol = config.accuracy if _reduced(partitions) else None
     if runs_file(saved):
         if onnx_model is None:
             raise PlacementFileError(f"{path}: the placement runs the model's ONNX file on {partitions[0].backend}; give that file")
         try:
             kept = checked_on_file(model.original, graph, model.backends[partitions[0].backend], _onnx(onnx_model),
-                                   (model.arrays, model.expected), config.target, config.threads)  # fmt: skip
+                                   (model.arrays, model.expected), config.target, config.threads,
+                                   partitions[0].candidate.precision, rtol)  # fmt: skip
         except EngineAloneFailed as err:
             raise PlacementFileError(f"{path}: {err}") from None
     else:
         kept = assemble_and_check(graph, Placement(graph, partitions), model.expected, model.arrays, model.backends,
-                                  config.target, config.threads)  # fmt: skip
+                                  config.target, config.threads, rtol)  # fmt: skip
         kept.estimated_ms = sum(p.cost_ms for p in kept.partitions if not math.isnan(p.cost_ms))
     # Timed as optimize times its finalists, so the two commands print comparable numbers.
     measured = time_finalists({SAVED: kept}, model.arrays, config.target).costs[SAVED]
@@ -408,14 +431,19 @@ def _why_unplaced(err: PlacementError, graph, candidates, costs) -> str:
     return f"{err}. {graph[node].op} (node {node}) refused by {why}. {advice}"
 
 
-def _placements(graph, candidates, costs, usable, graph_level: bool, notes: dict) -> tuple[dict[FinalistName, Placement], dict[str, FinalistName]]:
-    """The placements to assemble: the op-level DP's, and for each inference engine the whole
-    model ("<engine> alone") when every op converts, else its largest regions with TVM for the
-    rest ("<engine> regions"). With ``graph_level``, also the DP's placement over
-    kernel-sized candidates only (no regions), where the graph-level search starts. Equal
-    placements are kept once; the second result names, for each engine, the placement that
-    is its own regions. Why an engine cannot run the whole model goes to ``notes``."""
+def _placements(graph, candidates, costs, usable, graph_level: bool, offered: dict[str, tuple[str, ...]],
+                notes: dict) -> tuple[dict[FinalistName, Placement], dict[str, FinalistName]]:
+    """The placements to assemble: the op-level DP's over float32 candidates, and for each
+    inference engine the whole model ("<engine> alone") when every op converts, else its
+    largest regions with TVM for the rest ("<engine> regions"). Where backends ``offered``
+    reduced precisions, also the DP's over every candidate, and each engine alone or its
+    regions in each precision it offers. With ``graph_level``, also the DP's placement over
+    kernel-sized float32 candidates only (no regions), where the graph-level search starts.
+    Equal placements are kept once; the second result names, for each engine, the float32
+    placement that is its own regions. Why an engine cannot run the whole model goes to
+    ``notes``."""
     placements: dict[FinalistName, Placement] = {}
+    every_precision, candidates = candidates, [c for c in candidates if c.precision == FLOAT32]
 
     def add(name: FinalistName, placement: Placement) -> FinalistName:
         same = next((other for other, p in placements.items() if _parts(p) == _parts(placement)), None)
@@ -424,46 +452,106 @@ def _placements(graph, candidates, costs, usable, graph_level: bool, notes: dict
         return same or name
 
     add(OP_LEVEL, place(graph, candidates, costs, costs.transition_ms))
+    if offered:
+        add(OP_LEVEL_REDUCED, place(graph, every_precision, costs, costs.transition_ms))
     if graph_level:
         kernels = [c for c in candidates if not c.pattern.endswith((REGION_SUFFIX, PART_SUFFIX))]
         add(KERNELS_ONLY, place(graph, kernels, costs, costs.transition_ms))
     tvm_only = [c for c in candidates if c.backend == REFERENCE_BACKEND]
     alone = {}
     for backend in usable:
-        # Regions measured (not skipped: each then would cost more than a whole-model candidate).
-        regions = [c for c in candidates if c.backend == backend.name and c.pattern == f"{backend.name}{REGION_SUFFIX}"
-                   and (len(c.subgraph) == len(graph) or costs.cost(c).is_valid)]
-        if backend.kind != GRAPH_LEVEL or not regions:
+        if backend.kind != GRAPH_LEVEL:
             continue
-        whole = next((c for c in regions if len(c.subgraph) == len(graph)), None)
-        if whole is not None and costs.cost(whole).is_invalid:
-            notes[backend.name] = f"{backend.name} cannot run the whole model: {costs.cost(whole).reason}"
-            whole = None
-        if whole is not None:
-            # Every engine alone is a finalist, even where the op-level answer is the same
-            # placement: the report then shows each engine's own time.
-            name = FinalistName(FinalistKind.ENGINE_ALONE, backend.name)
-            placements[name] = Placement(graph, (Partition(whole, costs.cost(whole), costs.transition_ms(backend.name)),))
-            alone[backend.name] = name
-        else:
-            alone[backend.name] = add(FinalistName(FinalistKind.ENGINE_REGIONS, backend.name), place(graph, regions + tvm_only, costs, costs.transition_ms))
+        for precision in (FLOAT32, *offered.get(backend.name, ())):
+            name = _engine_placement(graph, backend, precision, every_precision, tvm_only, costs, notes, placements, add)
+            if name is not None and precision == FLOAT32:
+                alone[backend.name] = name
     return placements, alone
 
 
-def _engines_on_file(original, graph, usable, model, expected, arrays, config: Config, notes: dict) -> dict[FinalistName, Finalist]:
+def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, notes, placements, add) -> FinalistName | None:
+    """``backend`` alone on the whole model in ``precision``, else its largest regions in it
+    with TVM for the rest, added to ``placements``; its name, or None when it has no region."""
+    at = "" if precision == FLOAT32 else f" in {short(precision)}"
+    # Regions measured (not skipped: each then would cost more than a whole-model candidate).
+    regions = [c for c in candidates if c.backend == backend.name and c.pattern == f"{backend.name}{REGION_SUFFIX}"
+               and c.precision == precision and (len(c.subgraph) == len(graph) or costs.cost(c).is_valid)]  # fmt: skip
+    if not regions:
+        return None
+    whole = next((c for c in regions if len(c.subgraph) == len(graph)), None)
+    if whole is not None and costs.cost(whole).is_invalid:
+        notes[backend.name + at] = f"{backend.name}{at} cannot run the whole model: {costs.cost(whole).reason}"
+        whole = None
+    if whole is not None:
+        # Every engine alone is a finalist, even where the op-level answer is the same
+        # placement: the report then shows each engine's own time.
+        name = FinalistName(FinalistKind.ENGINE_ALONE, backend.name, precision=precision)
+        placements[name] = Placement(graph, (Partition(whole, costs.cost(whole), costs.transition_ms(backend.name)),))
+        return name
+    name = FinalistName(FinalistKind.ENGINE_REGIONS, backend.name, precision=precision)
+    return add(name, place(graph, regions + tvm_only, costs, costs.transition_ms))
+
+
+def _reduced_precisions(usable, config: Config, record: RunRecord) -> dict[str, tuple[str, ...]]:
+    """Backend name -> the reduced precisions it offers here, with an accuracy budget; none
+    without one. Where the budget can change nothing, ``record.precision_note`` says why."""
+    record.accuracy = config.accuracy
+    if config.accuracy is None:
+        return {}
+    offered = {b.name: b.reduced_precisions(config.target) for b in usable}
+    offered = {name: precisions for name, precisions in offered.items() if precisions}
+    if not offered:
+        why = bf16_unavailable(cpu_info()["isa"]) if config.target == "llvm" else None
+        record.precision_note = ("no backend here computes in a reduced precision"
+                                 + (f": {why}" if why else "") + "; every placement is float32")  # fmt: skip
+    return offered
+
+
+def _reduced(partitions) -> bool:
+    return any(p.candidate.precision != FLOAT32 for p in partitions)
+
+
+def _within_budget(finalists: dict, model: Model, config: Config, record: RunRecord) -> dict:
+    """Each finalist's error (``runner.relative_error``, the largest over the seeded inputs and
+    a second, independent draw); finalists with reduced-precision partitions whose error
+    exceeds ``config.accuracy`` are left out, with it. Errors compound along a model, so the
+    whole module is what is held to the budget, not each kernel."""
+    second = random_inputs(model.original["main"], config.seed + 1)
+    second_expected = reference_outputs(model.original, second, model.log, config.seed + 1, config.target)
+    device = device_for(config.target)
+    errors = {}
+    for name, f in list(finalists.items()):
+        errors[name] = max(relative_error(numpy_outputs(f.vm["main"](*to_tensors(arrays, device))), expected)
+                           for arrays, expected in ((model.arrays, model.expected), (second, second_expected)))  # fmt: skip
+        if _reduced(f.partitions) and not errors[name] <= config.accuracy:
+            record.left_out[str(name)] = (f"{name}: error {errors[name]:.3g} of the largest output exceeds the "
+                                          f"accuracy budget {config.accuracy:g} (two input draws)")  # fmt: skip
+            del finalists[name]
+    if not any(_reduced(f.partitions) for f in finalists.values()) and record.precision_note is None:
+        record.precision_note = "no placement in a reduced precision stayed within the budget: float32 kept"
+    return errors
+
+
+def _engines_on_file(original, graph, usable, model, expected, arrays, config: Config, offered: dict,
+                     notes: dict) -> dict[FinalistName, Finalist]:
     """Each inference engine that reads ONNX running the user's file whole, checked against
-    the unoptimized module; one that cannot, or computes otherwise, is left out with why
-    (in ``notes``)."""
+    the unoptimized module, in float32 and in each reduced precision it ``offered`` (OpenVINO
+    in bfloat16: its own default on CPUs that compute it natively, as its users run it); one
+    that cannot, or computes otherwise, is left out with why (in ``notes``)."""
     finalists = {}
     for backend in usable:
         if backend.kind != GRAPH_LEVEL or backend.compile_onnx is None:
             continue
-        try:
-            finalist = checked_on_file(original, graph, backend, model, (arrays, expected), config.target, config.threads)
-        except EngineAloneFailed as err:
-            notes[f"{backend.name} file"] = str(err)
-            continue
-        finalists[FinalistName(FinalistKind.ENGINE_ON_FILE, backend.name)] = finalist
+        for precision in (FLOAT32, *offered.get(backend.name, ())):
+            rtol = None if precision == FLOAT32 else config.accuracy
+            at = "" if precision == FLOAT32 else f" in {short(precision)}"
+            try:
+                finalist = checked_on_file(original, graph, backend, model, (arrays, expected), config.target,
+                                           config.threads, precision, rtol)  # fmt: skip
+            except EngineAloneFailed as err:
+                notes[f"{backend.name} file{at}"] = str(err)
+                continue
+            finalists[FinalistName(FinalistKind.ENGINE_ON_FILE, backend.name, precision=precision)] = finalist
     return finalists
 
 
@@ -488,4 +576,4 @@ def _priced(partitions, measurer) -> tuple[Partition, ...]:
 
 
 def _parts(placement: Placement) -> set:
-    return {(p.backend, p.nodes) for p in placement}
+    return {(p.backend, p.nodes, p.candidate.precision) for p in placement}

@@ -112,6 +112,11 @@ def parser() -> argparse.ArgumentParser:
         "--draw", type=Path, metavar="PICTURE", help="draw the placement: .svg, .png, .pdf (needs Graphviz) or .dot"
     )
     opt.add_argument("--seed", type=int, default=0, help="seed of the random inputs used for checking (default 0)")
+    opt.add_argument(
+        "--accuracy", type=float, metavar="E",
+        help="largest error accepted, relative to each output's largest magnitude (1e-2: 1%%); lets backends "
+        "compute in bfloat16 where the CPU has it natively, within it (default: float32 everywhere)",
+    )  # fmt: skip
     opt.add_argument("--no-simplify", dest="simplify", action="store_false", help="skip collage.simplify")
     opt.add_argument("--quiet", action="store_true", help="no progress bar")
     opt.add_argument(
@@ -191,7 +196,7 @@ def optimize_command(args) -> int:
     backends, shapes, extra = _backends(args.backends), _shapes(args.shape), _graph_level(args) | _substitutions(args)
     config = Config(
         target=args.target, threads=args.threads or 0, seed=args.seed, simplify=args.simplify,
-        progress=not args.quiet, runner=InProcess() if args.in_process else None, **extra,
+        progress=not args.quiet, runner=InProcess() if args.in_process else None, accuracy=args.accuracy, **extra,
     )  # fmt: skip
     _check_picture(args.draw)  # before the minutes of optimizing, not after
     mod = load_onnx(args.model, shapes)

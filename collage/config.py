@@ -47,6 +47,7 @@ class Config:
     substitution_budget_s: float = 120.0
     objective: Objective = Objective()
     runner: MeasureRunner | None = None
+    accuracy: float | None = None  # the largest error accepted, relative to each output's largest magnitude
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -56,6 +57,9 @@ class Config:
             object.__setattr__(self, "threads", default_threads())
         if not isinstance(self.threads, int) or self.threads < 0:
             raise OptimizeError(f"threads must be a positive number of threads (0: every core), got {self.threads!r}")
+        if self.accuracy is not None and not 0 < self.accuracy < 1:
+            raise OptimizeError(f"accuracy is the largest error accepted relative to each output's largest magnitude, "
+                                f"between 0 and 1 (1e-2: 1%), got {self.accuracy}")
         if self.substitutions and self.alpha < 1:
             raise OptimizeError(f"alpha must be at least 1 (1 keeps only improving substitutions), got {self.alpha}")
         try:

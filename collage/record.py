@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from .candidates.precision import FLOAT32, short
 from .measuring.cost import Cost
 from .placing.objective import Objective
 
@@ -18,7 +19,8 @@ from .placing.objective import Objective
 class FinalistKind(enum.Enum):
     """How a finalist placement was made; the value is its display text."""
 
-    OP_LEVEL = "op-level"  # the DP over every candidate
+    OP_LEVEL = "op-level"  # the DP over every float32 candidate
+    OP_LEVEL_REDUCED = "op-level, reduced precision allowed"  # the DP over every candidate, every precision
     KERNELS_ONLY = "op-level, kernels only"  # the DP without engine regions: the graph-level search's start
     SUBSTITUTED = "op-level, substituted graph"  # the DP over the graph the substitution search found
     ENGINE_ALONE = "alone"  # one engine on collage's conversion of the whole model
@@ -31,21 +33,25 @@ class FinalistKind(enum.Enum):
 
 @dataclass(frozen=True)
 class FinalistName:
-    """A finalist: its kind, the engine of an engine's finalist, the rank of a graph-level leader."""
+    """A finalist: its kind, the engine of an engine's finalist, the rank of a graph-level
+    leader, the precision an engine's finalist computes in."""
 
     kind: FinalistKind
     engine: str | None = None
     rank: int | None = None
+    precision: str = FLOAT32
 
     def __str__(self) -> str:
+        at = "" if self.precision == FLOAT32 else f", {short(self.precision)}"
         if self.engine is not None:
-            return f"{self.engine} {self.kind.value}"
+            return f"{self.engine} {self.kind.value}{at}"
         if self.rank is not None:
-            return f"{self.kind.value} #{self.rank}"
-        return self.kind.value
+            return f"{self.kind.value} #{self.rank}{at}"
+        return self.kind.value + at
 
 
 OP_LEVEL = FinalistName(FinalistKind.OP_LEVEL)
+OP_LEVEL_REDUCED = FinalistName(FinalistKind.OP_LEVEL_REDUCED)
 KERNELS_ONLY = FinalistName(FinalistKind.KERNELS_ONLY)
 SUBSTITUTED = FinalistName(FinalistKind.SUBSTITUTED)
 UNPLACED = FinalistName(FinalistKind.UNPLACED)
@@ -62,6 +68,7 @@ class FinalistResult:
     measured: Cost
     paid_ms: float | None = None
     verdict: str | None = None  # finalists.Verdict's value: "leader", "equivalent", ...
+    error: float | None = None  # with an accuracy budget: its largest relative error over two input draws
 
 
 @dataclass
@@ -83,6 +90,8 @@ class RunRecord:
 
     seed: int = 0
     objective: Objective = Objective()
+    accuracy: float | None = None  # the user's budget: largest error relative to each output's largest magnitude
+    precision_note: str | None = None  # why the budget changed nothing, where it could not
     simplify_failed: str | None = None  # why the model was placed as given, unsimplified
     unplaced: str | None = None  # why nothing could be placed (TVM then runs the model)
     unplaced_hash: str | None = None  # the structural hash of that model, for its saved record

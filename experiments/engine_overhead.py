@@ -84,7 +84,7 @@ def _among_others(graph, whole, backend, threads):
     kernel, reason = compile_kernel(backend, whole.candidate.subgraph.extract(), whole.pattern, "llvm", threads, alone=False)
     if reason is not None:
         raise SystemExit(reason)
-    return assemble(graph, [whole], BackendSet([backend]), compiled={(whole.backend, whole.pattern, whole.nodes, True): (kernel, None)},
+    return assemble(graph, [whole], BackendSet([backend]), compiled={(whole.backend, whole.pattern, whole.nodes, True, whole.candidate.precision): (kernel, None)},
                     threads=threads)
 
 

@@ -16,7 +16,8 @@ from tvm.script import relax as R
 from collage.measuring import runner
 from collage.candidates.backend import GRAPH_LEVEL, Unsupported
 from collage.backends import tensorrt as tensorrt_backend
-from collage.backends.openvino import with_precision
+from collage.candidates.precision import BFLOAT16, bf16_unavailable
+from collage.measuring.cost import cpu_info
 from collage.backends.tvm import BACKEND as TVM
 from collage.candidates.generate import generate
 from collage.model.graph import DataflowGraph
@@ -76,8 +77,15 @@ def test_record(name, target):
 
 def test_library_versions_are_named():
     assert engine("onnxruntime").library.startswith("ONNX Runtime 1.")
-    assert engine("openvino").library.startswith("OpenVINO 20") and engine("openvino").library.endswith("f32)")
-    assert with_precision("bf16").library.endswith("bf16)")
+    assert engine("openvino").library.startswith("OpenVINO 20")
+
+
+def test_openvino_offers_bfloat16_only_where_the_cpu_computes_it_natively():
+    native = bf16_unavailable(cpu_info()["isa"]) is None
+    assert engine("openvino").reduced_precisions("llvm") == ((BFLOAT16,) if native else ())
+    assert engine("onnxruntime").reduced_precisions("llvm") == ()
+    assert bf16_unavailable(["avx2", "fma"]) == "this CPU has neither AVX512_BF16 nor AMX (flags: avx2 fma)"
+    assert bf16_unavailable(["avx2", "amx_bf16"]) is None
 
 
 @pytest.mark.parametrize("name, target", ENGINES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import time
@@ -153,3 +154,10 @@ def test_a_large_placement_renders_in_seconds(tmp_path):
     draw(opt, tmp_path / "large.svg")
     assert time.perf_counter() - began < 30
     assert (tmp_path / "large.svg").stat().st_size > 100_000
+
+
+def test_a_partition_in_a_reduced_precision_says_so():
+    opt = placed(residual_chain(1), [("openvino", "openvino.region", {0, 1, 2, 3}, 0.2)])
+    reduced = dataclasses.replace(opt.placement[0], candidate=dataclasses.replace(opt.placement[0].candidate, precision="bfloat16"))
+    opt.placement = [reduced]
+    assert "openvino.region [bf16]" in to_dot(opt) and "openvino.region [bf16]" in opt.report()

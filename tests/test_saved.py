@@ -51,7 +51,7 @@ def test_the_file_records_the_model_and_each_partition(made):
     assert saved["model"]["ops"] == 5 and len(saved["model"]["hash"]) == 16
     assert saved["simplify"] is True and saved["measured_ms"] == pytest.approx(opt.measured.median_ms, abs=1e-6)
     first = saved["partitions"][0]
-    assert set(first) == {"backend", "pattern", "nodes", "ops", "cost_ms"}
+    assert set(first) == {"backend", "pattern", "nodes", "ops", "cost_ms", "precision"} and first["precision"] == "float32"
     assert first["nodes"] == sorted(first["nodes"]) and first["ops"][0] == "relax.nn.conv2d"
 
 

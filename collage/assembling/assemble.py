@@ -28,6 +28,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..candidates.backend import REFERENCE_BACKEND, BackendSet
+from ..candidates.precision import FLOAT32
 from ..candidates.subgraph import Remap, SubGraph
 from ..measuring.runner import compile_kernel, static_shape
 from ..model.graph import CALLEES_ATTR, DataflowGraph
@@ -40,13 +41,15 @@ _assembly_ids = itertools.count()
 class KernelSource:
     """What one kernel outside TVM was compiled from: a sub-graph of the model (compiled by
     ``runner.compile_kernel``), or an ONNX model an engine runs whole (``onnx_model``, by
-    ``Backend.compile_onnx``). ``alone``: compiled with the engine's users' own settings."""
+    ``Backend.compile_onnx``). ``alone``: compiled with the engine's users' own settings;
+    ``precision``: the number format it computes in."""
 
     backend: str
     pattern: str
     alone: bool
     subgraph: SubGraph | None = None
     onnx_model: object | None = None  # onnx.ModelProto
+    precision: str = FLOAT32
 
 
 @dataclass
@@ -168,7 +171,8 @@ def assemble(
                         _unregister([n for _, n, _ in kernels])  # no Assembly will own them
                         raise
                     kernels.append((part, name, kernel))
-                    sources[name] = KernelSource(part.backend, part.pattern, alone, subgraph=sub)
+                    sources[name] = KernelSource(part.backend, part.pattern, alone, subgraph=sub,
+                                                 precision=part.candidate.precision)
                     tvm.register_global_func(name, kernel, override=True)
                     args = [remap.visit_expr(a) for a in sub.arguments(lift_constants=False)]
                     out_ty = [graph[i].ty for i in sub.outputs]
@@ -210,12 +214,13 @@ def runs_alone(part: Partition, partitions) -> bool:
 def _compile(part: Partition, backends: BackendSet, target: str, threads: int, compiled: dict | None, alone: bool):
     """The partition's kernel; ``PartitionFailed`` with the reason when there is none (the
     caller falls the partition back to TVM)."""
-    key = (part.backend, part.pattern, part.nodes, alone)
+    key = (part.backend, part.pattern, part.nodes, alone, part.candidate.precision)
     if compiled is not None and key in compiled:
         kernel, reason = compiled[key]
     else:
         func = part.candidate.subgraph.extract()
-        kernel, reason = compile_kernel(backends[part.backend], func, part.pattern, target, threads, alone)
+        kernel, reason = compile_kernel(backends[part.backend], func, part.pattern, target, threads, alone,
+                                        part.candidate.precision)
         if compiled is not None:
             compiled[key] = (kernel, reason)
     if reason is not None:

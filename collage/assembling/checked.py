@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from ..candidates.backend import BackendSet
+from ..candidates.precision import FLOAT32
 from ..errors import OptimizeError
 from ..measuring.runner import build_vm, device_for, mismatch, numpy_outputs, run_kernel, to_tensors
 from ..placing.end_to_end import wrong_result
@@ -27,9 +28,12 @@ def as_tvm_runs_it(original, prepared, arrays, expected, target) -> Finalist:
     return Finalist([], Assembly(module), vm, math.nan)
 
 
-def assemble_and_check(graph, placement: Placement, expected, arrays, backends, target, threads: int = 0) -> Finalist:
+def assemble_and_check(graph, placement: Placement, expected, arrays, backends, target, threads: int = 0,
+                       rtol: float | None = None) -> Finalist:
     """Assemble, compile and compare with the unoptimized module's ``expected`` outputs on
-    ``arrays``, each library on ``threads`` threads. Partitions that fail to compile, or whose kernels disagree with TVM inside
+    ``arrays``, each library on ``threads`` threads, within ``rtol`` (default: float32's
+    end-to-end tolerance; the accuracy budget where partitions compute in a reduced precision,
+    which also bounds each such kernel's own error). Partitions that fail to compile, or whose kernels disagree with TVM inside
     the model, fall back to TVM, and the check repeats. Returns the assembly with its VM, the
     partitions it runs and the fallbacks with their reasons."""
     device = device_for(target)
@@ -45,13 +49,13 @@ def assemble_and_check(graph, placement: Placement, expected, arrays, backends, 
             partitions = _fall_back(graph, partitions, [failed.partition])
             continue
         vm = build_vm(assembly.module, target)
-        problem = wrong_result(vm, to_tensors(arrays, device), expected)
+        problem = wrong_result(vm, to_tensors(arrays, device), expected, rtol)
         if problem is None:
             return Finalist(partitions, assembly, vm, placement.estimated_ms, fallbacks)
         checks += 1
         if checks == MAX_CHECK_ROUNDS:
             raise OptimizeError(f"the assembled module still disagrees with the unoptimized one: {problem}")
-        culprits = _culprits(graph, assembly, arrays, target) or [p for p, _, _ in assembly.kernels]
+        culprits = _culprits(graph, assembly, arrays, target, rtol) or [p for p, _, _ in assembly.kernels]
         fallbacks += [(p, f"wrong inside the assembled model ({problem})") for p in culprits]
         partitions = _fall_back(graph, partitions, culprits)
 
@@ -68,7 +72,7 @@ def _fall_back(graph, partitions, failing) -> list[Partition]:
     return out
 
 
-def _culprits(graph, assembly, arrays, target) -> list[Partition]:
+def _culprits(graph, assembly, arrays, target, rtol: float | None = None) -> list[Partition]:
     """The partitions outside TVM whose kernels, fed TVM's values for their inputs, disagree
     with TVM's values for their outputs."""
     needed = sorted({i for p, _, _ in assembly.kernels for i in (*p.candidate.subgraph.input_nodes, *p.candidate.subgraph.outputs)})
@@ -85,6 +89,7 @@ def _culprits(graph, assembly, arrays, target) -> list[Partition]:
         except Exception:  # a kernel that raises inside the model is as wrong as a wrong one
             culprits.append(part)
             continue
-        if mismatch(got, [values[i] for i in sub.outputs]) is not None:
+        reduced = part.candidate.precision != FLOAT32
+        if mismatch(got, [values[i] for i in sub.outputs], rtol if reduced else None) is not None:
             culprits.append(part)
     return culprits

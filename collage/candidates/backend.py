@@ -76,6 +76,9 @@ class Backend:
     ``compile_many(funcs, pattern_names, target)``, where a library compiles several
     sub-graphs together faster than one by one (TVM: LLVM is set up once per module),
     returns one Kernel per function; the measurer then sends it candidates in batches.
+    ``precisions(target)`` names the reduced precisions (``candidates.precision``) the library
+    computes in natively here, besides float32; with an accuracy budget each candidate is
+    offered in them too, and ``compile``/``compile_onnx`` then get ``precision=`` as well.
     """
 
     name: str
@@ -89,6 +92,7 @@ class Backend:
     requires: tuple[str, ...] = ()
     probe: Callable[[str], str | None] | None = None
     library: str = ""  # what real library it drives, for reports
+    precisions: Callable[[str], tuple[str, ...]] | None = None  # reduced precisions it runs natively here
 
     def __post_init__(self):
         if self.kind not in (OP_LEVEL, GRAPH_LEVEL):
@@ -99,6 +103,10 @@ class Backend:
         for p in self.patterns:
             if not p.name.startswith(self.name + "."):
                 raise ValueError(f"backend {self.name!r}: pattern {p.name!r} must be named '{self.name}.<what>'")
+
+    def reduced_precisions(self, target: str) -> tuple[str, ...]:
+        """The precisions besides float32 this backend computes in natively for ``target``."""
+        return self.precisions(target) if self.precisions is not None else ()
 
     def unavailable_reason(self, target: str) -> str | None:
         """Why this backend cannot run ``target`` on this machine, or None when it can."""

@@ -10,12 +10,14 @@ are measured once.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from ..model.graph import DataflowGraph
 from .backend import GRAPH_LEVEL
 from .pattern import Pattern, PatternRule
+from .precision import FLOAT32
 from .subgraph import SubGraph
 
 REGION_SUFFIX = ".region"  # an inference engine's largest-region candidates are named "<backend>.region"
@@ -38,18 +40,20 @@ class Candidate:
     subgraph: SubGraph
     backend: str
     pattern: str  # the Pattern's or PatternRule's name
+    precision: str = FLOAT32  # the number format the backend computes it in (``precision``)
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.backend, self.pattern, self.subgraph.structural_key)
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.backend, self.pattern, self.subgraph.structural_key, self.precision)
 
     def __repr__(self):
-        return f"Candidate({self.backend}, {self.pattern}, {sorted(self.subgraph.nodes)})"
+        at = "" if self.precision == FLOAT32 else f", {self.precision}"
+        return f"Candidate({self.backend}, {self.pattern}, {sorted(self.subgraph.nodes)}{at})"
 
 
 def distinct(candidates: Iterable[Candidate]) -> list[Candidate]:
     """The first candidate of each key, in order: what gets compiled and measured."""
-    first: dict[tuple[str, str, str], Candidate] = {}
+    first: dict[tuple[str, str, str, str], Candidate] = {}
     for c in candidates:
         first.setdefault(c.key, c)
     return list(first.values())
@@ -188,3 +192,10 @@ def generate(graph: DataflowGraph, backends: Iterable, capped: dict[str, int] | 
                         if len(part) > rule.max_size:  # smaller ones are grown by the rule already
                             found.setdefault((backend.name, part_name, part.nodes), Candidate(part, backend.name, part_name))
     return sorted(found.values(), key=lambda c: (min(c.subgraph.nodes), c.backend, c.pattern, sorted(c.subgraph.nodes)))
+
+
+def in_precisions(candidates: list[Candidate], offered: Mapping[str, tuple[str, ...]]) -> list[Candidate]:
+    """``candidates``, then each again in every reduced precision its backend offers here
+    (``offered``: backend name -> precisions besides float32), in the same order."""
+    return candidates + [dataclasses.replace(c, precision=p) for c in candidates
+                         for p in offered.get(c.backend, ())]  # fmt: skip

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tvm import relax
 
+from ..candidates.precision import FLOAT32, short
 from ..measuring.runner import static_shape
 from ..model.graph import DataflowGraph
 from .report import backend_totals, short_op
@@ -160,6 +161,8 @@ def _partition(k: int, partition, graph: DataflowGraph, boxed: bool) -> list[str
         if partition.pattern.startswith(f"{partition.backend}.")
         else f"{partition.backend} {partition.pattern}"
     )
+    if partition.candidate.precision != FLOAT32:
+        name += f" [{short(partition.candidate.precision)}]"
     label = f"{name}\n{_ms(partition.cost_ms)}"
     fill = "" if boxed else f', fillcolor="{colour}"'
     nodes = []

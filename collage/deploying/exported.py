@@ -37,6 +37,7 @@ from tvm import relax
 
 from ..candidates.backend import Backend, BackendSet, default_backends, installed_version
 from ..candidates.onnx_convert import to_onnx
+from ..candidates.precision import FLOAT32
 from ..measuring.cost import Device
 from ..measuring.runner import (compile_kernel, compile_onnx_kernel, device_for, input_tensors, random_array,
                                 static_shape, to_numpy, to_tensors)
@@ -84,6 +85,7 @@ def export(opt, path: str | os.PathLike) -> Path:
             (path / file).write_text(tvm.ir.save_json(source.subgraph.extract()))
         kernels.append({
             "name": name, "backend": source.backend, "pattern": source.pattern, "alone": source.alone,
+            "precision": source.precision,
             "file": file, "library": _library(source.backend),
         })  # fmt: skip
     tvm.compile(assembly.module, target=opt.target).export_library(str(path / TVM_LIBRARY))
@@ -252,10 +254,12 @@ def _kernel(entry: dict, backends: BackendSet, target: str, threads: int, path: 
     if file.suffix == ".onnx":
         import onnx
 
-        kernel, reason = compile_onnx_kernel(backend, onnx.load(file), target, threads, entry["alone"])
+        kernel, reason = compile_onnx_kernel(backend, onnx.load(file), target, threads, entry["alone"],
+                                             entry.get("precision", FLOAT32))
     else:
         func = tvm.ir.load_json(file.read_text())
-        kernel, reason = compile_kernel(backend, func, entry["pattern"], target, threads, entry["alone"])
+        kernel, reason = compile_kernel(backend, func, entry["pattern"], target, threads, entry["alone"],
+                                        entry.get("precision", FLOAT32))
     if reason is None:
         return kernel
     raise ExportError(f"{path}: {backend.name} cannot compile kernel {entry['name']} here: {reason}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from ..candidates.precision import FLOAT32, short
 from ..placing.finalists import MAX_OTHERS_BUSY
 from ..record import OP_LEVEL, FinalistKind, FinalistName, FinalistResult, RunRecord
 
@@ -130,7 +131,8 @@ def format_report(opt) -> str:
         lines.append(f"    nothing placed: {r.unplaced}; the whole model runs on tvm, as TVM alone runs it")
     for k, p in enumerate(parts):
         cost = "-" if math.isnan(p.cost_ms) else f"{p.cost_ms:9.4f}"
-        lines.append(f"{k:>3}  {p.backend:<12} {p.pattern:<26} {cost:>9}  {ops_text(p.ops)}")
+        pattern = p.pattern if p.candidate.precision == FLOAT32 else f"{p.pattern} [{short(p.candidate.precision)}]"
+        lines.append(f"{k:>3}  {p.backend:<12} {pattern:<26} {cost:>9}  {ops_text(p.ops)}")
 
     share = backend_totals(parts)
     total = sum(t.ms for t in share.values()) or 1.0
@@ -146,6 +148,13 @@ def format_report(opt) -> str:
             f"measured {m.median_ms:.3f} ms ± {m.spread_ms:.2g} (median of {m.samples})"
         ),
     ]
+    if r.accuracy is not None:
+        kept = r.finalists.get(r.chosen)
+        error = f"the kept module's error is {kept.error:.3g}" if kept is not None and kept.error is not None else ""
+        lines.append(f"accuracy budget {r.accuracy:g} of each output's largest magnitude: {error or 'not measured'}"
+                     " (largest over the seeded inputs and a second draw)")  # fmt: skip
+        if r.precision_note:
+            lines.append(f"  {r.precision_note}")
     if len(r.finalists) > 1:
         lines += ["", f"placements timed end to end ({_choice_rule(r)}):"]
         for name, f in r.finalists.items():

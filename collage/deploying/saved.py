@@ -31,6 +31,7 @@ import tvm_ffi
 
 from ..candidates.backend import REFERENCE_BACKEND, BackendSet, default_backends
 from ..candidates.generate import Candidate
+from ..candidates.precision import FLOAT32
 from ..candidates.subgraph import SubGraph
 from ..errors import OptimizeError
 from ..measuring.cost import Cost
@@ -80,6 +81,7 @@ def placement_record(opt: OptimizedModule) -> dict:
         # The substitutions of the graph the partitions index, as (rule, nodes) steps in order.
         "substitutions": opt.record.substituted,
         "seed": opt.record.seed,
+        "accuracy": opt.record.accuracy,  # the budget reduced-precision partitions were held to
         "estimated_ms": _json_number(opt.estimated_ms),
         "measured_ms": _json_number(opt.measured.median_ms),
         "partitions": [
@@ -89,6 +91,7 @@ def placement_record(opt: OptimizedModule) -> dict:
                 "nodes": sorted(p.nodes),
                 "ops": p.ops,
                 "cost_ms": _json_number(p.cost_ms),
+                "precision": p.candidate.precision,
             }
             for p in opt.placement
         ],
@@ -183,7 +186,8 @@ class LoggedCosts:
 def _partition(graph: DataflowGraph, entry: dict, costs: LoggedCosts) -> Partition:
     """One saved partition on ``graph``, its costs from the log (unknown when either the
     kernel's or the transition's is missing)."""
-    candidate = Candidate(SubGraph(graph, frozenset(entry["nodes"])), entry["backend"], entry["pattern"])
+    candidate = Candidate(SubGraph(graph, frozenset(entry["nodes"])), entry["backend"], entry["pattern"],
+                          entry.get("precision", FLOAT32))  # fmt: skip
     cost, transition = costs.cost(candidate), costs.transition_ms(candidate.backend)
     if math.isnan(transition):
         return Partition(candidate, Cost.unknown())

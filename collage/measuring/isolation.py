@@ -33,6 +33,7 @@ import numpy as np
 from tvm import relax
 
 from ..candidates.backend import REFERENCE_BACKEND, Backend
+from ..candidates.precision import FLOAT32
 from ..candidates.subgraph import is_tensor_constant
 from .cost import Cost
 from .meters import EnergyMeter
@@ -89,7 +90,8 @@ class MeasureTask:
     weights as arrays beside it) on ``backend`` by ``pattern``, compiled for ``target`` on
     ``threads`` threads, on ``inputs`` (None: drawn
     with ``seed``), checked against ``reference`` (TVM's outputs for the same sub-graph and
-    inputs; None when not known yet: the task computes it)."""
+    inputs; None when not known yet: the task computes it), in ``precision``: a reduced one is
+    checked within ``rtol`` (the accuracy budget) instead of float32's tolerance."""
 
     backend: Backend
     func: relax.Function
@@ -101,16 +103,19 @@ class MeasureTask:
     reference: list[np.ndarray] | None = None
     meter: EnergyMeter | None = None  # also measure each call's energy (collage.measuring.meters)
     inputs: list[np.ndarray] | None = None
+    precision: str = FLOAT32
+    rtol: float | None = None
 
     def __reduce__(self):
         # The function as TVM's JSON, its weights as arrays beside it.
         return _task, (self.backend, *weights_out(self.func), self.pattern, self.target, self.threads, self.seed, self.timing,
-                       self.reference, self.meter, self.inputs)  # fmt: skip
+                       self.reference, self.meter, self.inputs, self.precision, self.rtol)  # fmt: skip
 
 
-def _task(backend, lifted, weights, pattern, target, threads, seed, timing, reference, meter, inputs) -> MeasureTask:
+def _task(backend, lifted, weights, pattern, target, threads, seed, timing, reference, meter, inputs, precision,
+          rtol) -> MeasureTask:
     return MeasureTask(backend, weights_in(lifted, weights), pattern, target, threads, seed, timing, reference, meter,
-                       inputs)
+                       inputs, precision, rtol)
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
     except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
         return MeasureResult(Cost.invalid(str(err)))
     if kernel is None:
-        kernel, reason = compile_kernel(backend, func, task.pattern, task.target, task.threads)
+        kernel, reason = compile_kernel(backend, func, task.pattern, task.target, task.threads, precision=task.precision)
         if reason is not None:
             return MeasureResult(Cost.invalid(reason))
     reference = task.reference
@@ -152,7 +157,7 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
         if reference is None:
             reference = actual if backend.name == REFERENCE_BACKEND else run_reference(func, arrays)
         found = reference if task.reference is None else None
-        problem = mismatch(actual, reference)
+        problem = mismatch(actual, reference, task.rtol)
         if problem is not None:
             return MeasureResult(Cost.invalid(f"wrong result: {problem}"), found)
         timer = getattr(kernel, "time_ms", None)

@@ -30,6 +30,7 @@ import tvm_ffi
 
 from ..candidates.backend import REFERENCE_BACKEND, BackendSet
 from ..candidates.generate import Candidate
+from ..candidates.precision import FLOAT32
 from ..config import Config
 from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
@@ -68,7 +69,8 @@ class Measurer:
         self.device = Device.this_machine(config.threads, config.target)
         self.log = log if log is not None else CostLog()
         self.timing = config.timing
-        self.precision = precision
+        self.precision = precision  # the transitions' (their probes run in float32)
+        self.accuracy = config.accuracy  # how closely a reduced-precision candidate must match
         self.seed = config.seed
         self.runner = config.runner if config.runner is not None else shared_worker(self.device.threads)
         self.meter = meter  # with a meter, every cost has the energy of a call too
@@ -111,7 +113,7 @@ class Measurer:
         return self._transitions[backend]
 
     def key(self, candidate: Candidate) -> LogKey:
-        return LogKey.of(candidate, self.backends[candidate.backend], self.device, self.precision)
+        return LogKey.of(candidate, self.backends[candidate.backend], self.device, candidate.precision)
 
     def transition_key(self, backend: str) -> LogKey:
         """Where ``backend``'s transition cost is logged."""
@@ -164,10 +166,11 @@ class Measurer:
 
         batched: dict[str, list[Candidate]] = {}
         for c in sorted(todo, key=lambda c: c.backend != REFERENCE_BACKEND):
-            if self.backends[c.backend].compile_many is not None:
+            if self.backends[c.backend].compile_many is not None and c.precision == FLOAT32:
                 batched.setdefault(c.backend, []).append(c)
         # Whole-model candidates first: what they cost bounds the rest.
-        alone = sorted((c for c in todo if self.backends[c.backend].compile_many is None), key=lambda c: not _whole(c))
+        alone = sorted((c for c in todo if self.backends[c.backend].compile_many is None or c.precision != FLOAT32),
+                       key=lambda c: not _whole(c))  # fmt: skip
         with tqdm(total=len(todo), desc="measuring", unit="candidate", disable=not progress or not todo,
                   file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5) as bar:
             for same_backend in batched.values():
@@ -243,14 +246,15 @@ class Measurer:
         except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
             return Cost.invalid(str(err))
         graph, values = self._values
+        reduced = {} if candidate.precision == FLOAT32 else {"precision": candidate.precision, "rtol": self.accuracy}
         if candidate.subgraph.graph is not graph:
             return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed, self.timing,
-                               self._references.get(tvm_ffi.structural_hash(func)), self.meter)
+                               self._references.get(tvm_ffi.structural_hash(func)), self.meter, **reduced)
         # Read off the whole graph's values; TVM's own kernels are the reference, unchecked.
         inputs = [values[value] for value in candidate.subgraph.arguments()]
         reference = None if backend.name == REFERENCE_BACKEND else [values[graph[i].var] for i in candidate.subgraph.outputs]
         return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed,
-                           self.timing, reference, self.meter, inputs)  # fmt: skip
+                           self.timing, reference, self.meter, inputs, **reduced)  # fmt: skip
 
     def _result(self, task: MeasureTask, result: MeasureResult) -> Cost:
         """The cost in ``result``, keeping the reference outputs it brings for later tasks."""

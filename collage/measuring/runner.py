@@ -11,6 +11,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..candidates.precision import FLOAT32
+
 # float32 results of different kernels for the same sub-graph agree to ~1e-5 relative;
 # the tolerance leaves room for reassociated sums in large reductions (GEMM, conv).
 RTOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
@@ -195,6 +197,23 @@ def run_kernel(kernel, func: relax.Function, arrays: list[np.ndarray], device=No
     return [o.numpy() for o in outputs]
 
 
+def relative_error(actual: list[np.ndarray], expected: list[np.ndarray]) -> float:
+    """The largest, over the outputs, of max |actual - expected| over the largest finite
+    magnitude of that expected output: the metric of an accuracy budget (``Config.accuracy``).
+    NaN where a value is NaN or infinite and the reference's is not."""
+    worst = 0.0
+    for a, e in zip(actual, expected):
+        if e.dtype.kind != "f":
+            worst = max(worst, 0.0 if np.array_equal(a, e) else np.inf)
+            continue
+        a64, e64 = a.astype("float64"), e.astype("float64")
+        finite = np.isfinite(e64)
+        scale = max(float(np.abs(e64[finite]).max(initial=0.0)), 1e-6)
+        err = float(np.abs(a64[finite] - e64[finite]).max(initial=0.0)) / scale
+        worst = err if not err <= worst else worst  # NaN stays
+    return worst
+
+
 def mismatch(actual: list[np.ndarray], expected: list[np.ndarray], rtol: float | None = None) -> str | None:
     """Why ``actual`` disagrees with ``expected`` (shape, dtype or values), or None. Values
     may differ by ``rtol`` (default: per dtype, ``RTOL``) times the largest finite expected
@@ -240,22 +259,26 @@ def check_candidate(backend, func: relax.Function, pattern: str, target: str = "
     return mismatch(actual, run_reference(func, arrays))
 
 
-def compile_kernel(backend, func: relax.Function, pattern: str, target: str, threads: int, alone: bool = False):
+def compile_kernel(backend, func: relax.Function, pattern: str, target: str, threads: int, alone: bool = False,
+                   precision: str = FLOAT32):
     """``(kernel, None)``, or ``(None, why not)``: the library cannot run here, rejects the
     sub-graph (``Unsupported``), or fails compiling it. Never raises. The kernel runs on
-    ``threads`` threads (0: the library's default). ``alone`` compiles an
+    ``threads`` threads (0: the library's default), in ``precision`` (a reduced one is passed
+    as ``precision=``; ``Backend.precisions``). ``alone`` compiles an
     inference engine's kernel with its users' settings (``Backend.compile_onnx``), for a
     partition that nothing of another library runs beside."""
     from ..candidates.onnx_convert import to_onnx
 
+    reduced = {} if precision == FLOAT32 else {"precision": precision}
     if alone and backend.compile_onnx is not None:
-        return _compiled(backend, target, lambda: backend.compile_onnx(to_onnx(func), target, threads, alone=True))
-    return _compiled(backend, target, lambda: backend.compile(func, pattern, target, threads))
+        return _compiled(backend, target, lambda: backend.compile_onnx(to_onnx(func), target, threads, alone=True, **reduced))
+    return _compiled(backend, target, lambda: backend.compile(func, pattern, target, threads, **reduced))
 
 
-def compile_onnx_kernel(backend, model, target: str, threads: int, alone: bool = True):
+def compile_onnx_kernel(backend, model, target: str, threads: int, alone: bool = True, precision: str = FLOAT32):
     """An inference engine's kernel for an ONNX model, as ``compile_kernel`` returns one."""
-    return _compiled(backend, target, lambda: backend.compile_onnx(model, target, threads, alone=alone))
+    reduced = {} if precision == FLOAT32 else {"precision": precision}
+    return _compiled(backend, target, lambda: backend.compile_onnx(model, target, threads, alone=alone, **reduced))
 
 
 def _compiled(backend, target: str, build):

@@ -20,6 +20,7 @@ from tvm import relax
 
 from ..assembling.assemble import Assembly, PartitionFailed, assemble
 from ..candidates.backend import BackendSet
+from ..candidates.precision import FLOAT32
 from ..measuring.cost import Cost, Device
 from ..measuring.cost_log import CostLog, PlacementKey
 from ..measuring.runner import build_vm, device_for, first_line, mismatch, numpy_outputs, synchronized, to_tensors
@@ -37,14 +38,16 @@ SEARCH_TIMING = Timing(warmup=2, warmup_s=0.2, min_samples=5, max_samples=15, re
 KEPT_KERNELS_PER_OP = 4
 
 
-def wrong_result(vm: relax.VirtualMachine, inputs, expected: list[np.ndarray]) -> str | None:
-    """How the module's outputs on ``inputs`` (tensors) miss ``expected``, or None if they match."""
-    return mismatch(numpy_outputs(vm["main"](*inputs)), expected, rtol=END_TO_END_RTOL)
+def wrong_result(vm: relax.VirtualMachine, inputs, expected: list[np.ndarray], rtol: float | None = None) -> str | None:
+    """How the module's outputs on ``inputs`` (tensors) miss ``expected`` by more than ``rtol``
+    (default ``END_TO_END_RTOL``; an accuracy budget for reduced precisions), or None."""
+    return mismatch(numpy_outputs(vm["main"](*inputs)), expected, rtol=rtol or END_TO_END_RTOL)
 
 
 def placement_name(partitions: Sequence[Partition]) -> str:
     """A placement as text, the same whatever the partitions' order: what the log keys it by."""
-    return ";".join(sorted(f"{p.backend}:{p.pattern}:{','.join(map(str, sorted(p.nodes)))}" for p in partitions))
+    return ";".join(sorted(f"{p.backend}:{p.pattern}:{','.join(map(str, sorted(p.nodes)))}"
+                           + ("" if p.candidate.precision == FLOAT32 else f":{p.candidate.precision}") for p in partitions))
 
 
 class EndToEnd:
@@ -121,7 +124,7 @@ class EndToEnd:
 
 
 class _LeastRecentlyUsed(OrderedDict):
-    """Kernels by (backend, pattern, nodes, alone), forgetting the least recently used ones once
+    """Kernels by (backend, pattern, nodes, alone, precision), forgetting the least recently used ones once
     they cover more than ``capacity`` nodes in all: an engine's kernel holds its partition's
     weights, so a bound in nodes is a bound in memory (a few copies of the model)."""
 
@@ -136,5 +139,5 @@ class _LeastRecentlyUsed(OrderedDict):
     def __setitem__(self, key, value):
         super().__setitem__(key, value)
         self.move_to_end(key)
-        while len(self) > 1 and sum(len(nodes) for _, _, nodes, _ in self) > self.capacity:
+        while len(self) > 1 and sum(len(key[2]) for key in self) > self.capacity:  # key[2]: the nodes
             self.popitem(last=False)

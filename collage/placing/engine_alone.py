@@ -22,6 +22,7 @@ from ..assembling.assemble import Assembly, KernelSource
 from ..candidates.backend import Backend
 from ..candidates.generate import Candidate
 from ..candidates.onnx_convert import IR_VERSION, supports
+from ..candidates.precision import FLOAT32, short
 from ..candidates.subgraph import SubGraph
 from ..measuring.cost import Cost
 from ..measuring.runner import build_vm, device_for, first_line, static_shape, to_tensors
@@ -58,7 +59,7 @@ def blockers_text(engine: str, found: dict[str, tuple[int, str]]) -> str:
 
 def from_onnx_file(
     original: tvm.IRModule, graph: DataflowGraph, backend: Backend, model: onnx.ModelProto, target: str,
-    threads: int = 0,
+    threads: int = 0, precision: str = FLOAT32,
 ) -> tuple[Assembly, Partition]:
     """``original``'s ``main`` as one call of ``backend`` running ``model`` (the file it was
     imported from) on ``threads`` threads (0: the engine's default), and that call as a
@@ -71,7 +72,8 @@ def from_onnx_file(
             f"the ONNX file has {len(model.graph.output)} output(s); main returns {main.ret_ty}"
         )
     try:
-        kernel = backend.compile_onnx(model, target, threads, alone=True)
+        reduced = {} if precision == FLOAT32 else {"precision": precision}
+        kernel = backend.compile_onnx(model, target, threads, alone=True, **reduced)
     except Exception as err:  # the engine's own refusal: this finalist is left out with it
         raise EngineAloneFailed(f"{backend.name} cannot run the ONNX file: {type(err).__name__}: {err}") from None
     name = f"collage_alone_{next(_ids)}.{backend.name}"
@@ -82,28 +84,30 @@ def from_onnx_file(
             out_ty = list(outputs) if isinstance(main.ret_ty, relax.TupleType) else outputs[0]
             out = bb.emit_output(relax.call_dps_packed(name, relax.Tuple(list(main.params)), out_ty=out_ty))
         bb.emit_func_output(out)
-    whole = Candidate(SubGraph(graph, frozenset(range(len(graph)))), backend.name, f"{backend.name}{FILE_SUFFIX}")
+    whole = Candidate(SubGraph(graph, frozenset(range(len(graph)))), backend.name, f"{backend.name}{FILE_SUFFIX}", precision)
     partition = Partition(whole, Cost.unknown())
-    source = KernelSource(backend.name, partition.pattern, alone=True, onnx_model=model)
+    source = KernelSource(backend.name, partition.pattern, alone=True, onnx_model=model, precision=precision)
     return Assembly(bb.get(), [(partition, name, kernel)], {name: source}), partition
 
 
 def checked_on_file(original: tvm.IRModule, graph: DataflowGraph, backend: Backend, model: onnx.ModelProto,
-                    check: tuple[list, list], target: str, threads: int) -> Finalist:
+                    check: tuple[list, list], target: str, threads: int, precision: str = FLOAT32,
+                    rtol: float | None = None) -> Finalist:
     """``from_onnx_file``'s module, built and checked on ``check`` (inputs, the unoptimized
-    module's outputs on them), as a finalist. Raises ``EngineAloneFailed`` saying why not: the
+    module's outputs on them; within ``rtol`` for a reduced ``precision``), as a finalist. Raises ``EngineAloneFailed`` saying why not: the
     engine refuses the file, fails running it, or computes otherwise."""
     try:
-        assembly, partition = from_onnx_file(original, graph, backend, model, target, threads)
+        assembly, partition = from_onnx_file(original, graph, backend, model, target, threads, precision)
         vm = build_vm(assembly.module, target)
         arrays, expected = check
-        problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected)
+        problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected, rtol)
     except EngineAloneFailed:
         raise
     except Exception as err:  # a library raising at build or run time: this finalist cannot be
         raise EngineAloneFailed(f"{backend.name} failed running the ONNX file: {type(err).__name__}: {first_line(err)}") from None
     if problem is not None:
-        raise EngineAloneFailed(f"{backend.name} on the ONNX file disagrees with the unoptimized module: {problem}")
+        at = "" if precision == FLOAT32 else f" in {short(precision)}"
+        raise EngineAloneFailed(f"{backend.name}{at} on the ONNX file disagrees with the unoptimized module: {problem}")
     return Finalist([partition], assembly, vm, math.nan)
 
 

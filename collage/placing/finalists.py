@@ -37,6 +37,7 @@ import numpy as np
 from tvm import relax
 
 from ..assembling.assemble import Assembly, bound_main
+from ..candidates.precision import FLOAT32
 from ..measuring.cost import Cost
 from ..measuring.meters import EnergyMeter
 from ..measuring.runner import device_for, synchronized, to_tensors
@@ -70,9 +71,11 @@ class Finalist:
     fallbacks: list[tuple[Partition, str]] = field(default_factory=list)
 
     @property
-    def simplicity(self) -> tuple[int, int]:
-        """(libraries, partitions): the fewer, the simpler."""
-        return len({p.backend for p in self.partitions}), len(self.partitions)
+    def simplicity(self) -> tuple[int, int, int]:
+        """(libraries, partitions, partitions in a reduced precision): the fewer, the simpler;
+        of two placements as fast, the one computing more in float32 is the more accurate."""
+        reduced = sum(p.candidate.precision != FLOAT32 for p in self.partitions)
+        return len({p.backend for p in self.partitions}), len(self.partitions), reduced
 
 
 class Verdict(enum.Enum):
@@ -241,7 +244,7 @@ def choose(
     if chosen == best:
         return chosen, _steadier_note(chosen, measured, race) if race is not None else None
     worse = value[chosen] / value[best] - 1
-    libraries, partitions = simplicity[chosen]
+    libraries, partitions = simplicity[chosen][:2]
     what = "the fastest" if objective.is_time else f"the best for {objective}"
     return chosen, (
         f"kept '{chosen}' ({libraries} librar{'y' if libraries == 1 else 'ies'}, {partitions} partition(s)): "

@@ -1,0 +1,29 @@
+"""Precision as a dimension of a candidate: which number formats a library may run a
+sub-graph in, here.
+
+Collage computes in float32 unless the user gives an accuracy budget (``Config.accuracy``).
+With one, a backend that declares reduced precisions (``Backend.precisions``) offers each of
+its candidates in them too; the budget then decides, by measurement, which are kept
+(``placing.finalists``). bfloat16 is offered only where the CPU computes it natively
+(AVX512_BF16 or AMX): elsewhere a library converts it in software, slower than float32.
+"""
+
+from __future__ import annotations
+
+FLOAT32 = "float32"
+BFLOAT16 = "bfloat16"
+# The CPU flags (as /proc/cpuinfo spells them) under which bfloat16 is native.
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_unavailable(isa: list[str] | tuple[str, ...]) -> str | None:
+    """Why this CPU (its ``isa`` flags, ``measuring.cost.cpu_info()["isa"]``) has no native
+    bfloat16, or None when it has."""
+    if any(flag in isa for flag in NATIVE_BF16_FLAGS):
+        return None
+    return f"this CPU has neither AVX512_BF16 nor AMX (flags: {' '.join(isa) or 'none of note'})"
+
+
+def short(precision: str) -> str:
+    """The short name reports use: f32, bf16."""
+    return {FLOAT32: "f32", BFLOAT16: "bf16"}.get(precision, precision)

@@ -1,0 +1,120 @@
+"""Precision as a placement dimension: with an accuracy budget, backends offer candidates in
+the reduced precisions they compute in natively; the module returned stays within the budget
+end to end; without one, nothing changes."""
+
+import json
+
+import numpy as np
+import pytest
+
+import collage
+from collage.candidates.backend import BackendSet, default_backends
+from collage.deploying.saved import placement_record
+from collage.candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable
+from collage.measuring.cost import cpu_info
+from collage.measuring.cost_log import CostLog
+from collage.measuring.isolation import InProcess
+from collage.measuring.runner import relative_error
+from collage.measuring.timing import Timing
+from collage.record import FinalistKind, FinalistName
+from experiments import models
+from tests.backends_for_tests import FINE, TOO_COARSE
+from tests.test_optimize import Unary, inputs, run_unoptimized
+
+FAST = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
+
+
+def optimize(backend, log, **kw):
+    return collage.optimize(Unary, backends=BackendSet([default_backends()["tvm"], backend]), cost_log=log,
+                            timing=FAST, progress=False, runner=InProcess(), **kw)  # fmt: skip
+
+
+def test_without_a_budget_every_candidate_is_float32(tmp_path):
+    log = CostLog(tmp_path / "c.sqlite")
+    opt = optimize(FINE, log)
+    assert opt.record.accuracy is None and all(p.candidate.precision == FLOAT32 for p in opt.placement)
+    assert {r.precision for r in log.rows("fine")} == {FLOAT32}
+    assert "accuracy budget" not in opt.report()
+
+
+def test_reduced_candidates_are_measured_logged_by_precision_and_checked_within_the_budget(tmp_path):
+    log = CostLog(tmp_path / "c.sqlite")
+    opt = optimize(FINE, log, accuracy=1e-2)
+    rows = {r.precision: r for r in log.rows("fine") if r.key == log.rows("fine")[0].key}
+    assert set(rows) == {FLOAT32, BFLOAT16} and rows[BFLOAT16].failure is None  # 1e-3 of the output is within 1e-2
+    x, w = inputs()
+    assert relative_error([opt(x, w)], [run_unoptimized(Unary, x, w)]) <= 1e-2
+    kept = opt.record.finalists[opt.record.chosen]
+    assert kept.error is not None and kept.error <= 1e-2 and "accuracy budget 0.01" in opt.report()
+
+
+def test_a_reduced_precision_too_coarse_for_the_budget_is_rejected_with_its_measured_error(tmp_path):
+    log = CostLog(tmp_path / "c.sqlite")
+    opt = optimize(TOO_COARSE, log, accuracy=1e-2)
+    reduced = [r for r in log.rows("too_coarse") if r.precision == BFLOAT16]
+    assert reduced and all(r.failure.startswith("wrong result: output 0: max |diff|") and "exceeds 0.01" in r.failure
+                           for r in reduced)  # fmt: skip
+    assert all(p.candidate.precision == FLOAT32 for p in opt.placement)
+    assert "no placement in a reduced precision stayed within the budget: float32 kept" in opt.report()
+    x, w = inputs()
+    np.testing.assert_allclose(opt(x, w), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
+
+
+def test_a_budget_outside_zero_to_one_is_refused(tmp_path):
+    with pytest.raises(collage.OptimizeError, match="accuracy is the largest error accepted"):
+        optimize(FINE, tmp_path / "c.sqlite", accuracy=2.0)
+
+
+@pytest.mark.skipif(bf16_unavailable(cpu_info()["isa"]) is not None, reason=str(bf16_unavailable(cpu_info()["isa"])))
+def test_openvino_in_bfloat16_is_a_finalist_and_held_to_the_budget(tmp_path):
+    w = models.load("mlp")
+    log = tmp_path / "c.sqlite"
+    tight = collage.optimize(w.relax, backends=["tvm", "openvino"], cost_log=log, onnx_model=w.onnx, timing=FAST,
+                             progress=False, accuracy=1e-6)  # fmt: skip
+    # bfloat16 keeps 8 bits of mantissa: no placement using it stays within a millionth.
+    assert all(p.candidate.precision == FLOAT32 for p in tight.placement)
+    assert any("exceeds" in why for why in tight.record.left_out.values()) or not any(
+        n.precision == BFLOAT16 for n in tight.record.finalists)
+    loose = collage.optimize(w.relax, backends=["tvm", "openvino"], cost_log=log, onnx_model=w.onnx, timing=FAST,
+                             progress=False, accuracy=5e-2)  # fmt: skip
+    assert FinalistName(FinalistKind.ENGINE_ON_FILE, "openvino", precision=BFLOAT16) in loose.record.finalists
+    got = loose(*[x.numpy() for x in w.inputs])
+    assert relative_error(list(got) if isinstance(got, tuple) else [got], w.reference()) <= 5e-2
+
+
+def test_precision_round_trips_through_saved_placements_and_exports(tmp_path):
+    log = CostLog(tmp_path / "c.sqlite")
+    record = placement_record(optimize(FINE, log, accuracy=1e-2))
+    # The last exp in the reduced precision on the test library, the rest on TVM: a placement to
+    # rebuild. (On the first exp its error, through the matmul, would exceed the budget.)
+    ops = ["relax.exp", "relax.nn.relu", "relax.matmul", "relax.sigmoid", "relax.exp"]
+    record["partitions"] = [{"backend": "tvm", "pattern": "tvm.fused", "nodes": [k], "ops": [op]} for k, op in enumerate(ops[:4])]
+    record["partitions"] += [{"backend": "fine", "pattern": "fine.chain", "nodes": [4], "ops": ops[4:], "precision": BFLOAT16}]
+    path = tmp_path / "placement.json"
+    path.write_text(json.dumps(record))
+    backends = BackendSet([default_backends()["tvm"], FINE])
+    rebuilt = collage.load_placement(Unary, path, backends=backends, cost_log=log)
+    assert [p.candidate.precision for p in rebuilt.placement] == [FLOAT32] * 4 + [BFLOAT16] and not rebuilt.fallbacks
+    assert placement_record(rebuilt)["partitions"][4]["precision"] == BFLOAT16 and placement_record(rebuilt)["accuracy"] == 1e-2
+    x, w = inputs()
+    expected = run_unoptimized(Unary, x, w)
+    assert 0 < relative_error([rebuilt(x, w)], [expected]) <= 1e-2  # exp ran in the reduced precision
+    loaded = collage.load(rebuilt.export(tmp_path / "exported"), backends=backends)
+    assert [k["precision"] for k in loaded.manifest["kernels"]] == [BFLOAT16]
+    np.testing.assert_array_equal(loaded(x, w), rebuilt(x, w))
+
+
+def test_errors_compound_so_the_whole_module_is_held_to_the_budget(tmp_path):
+    log = CostLog(tmp_path / "c.sqlite")
+    record = placement_record(optimize(FINE, log, accuracy=1e-2))
+    # The first exp off by 1e-3 of its largest output, within the budget alone; through relu
+    # and the matmul that becomes several percent of the model's output.
+    ops = ["relax.exp", "relax.nn.relu", "relax.matmul", "relax.sigmoid", "relax.exp"]
+    record["partitions"] = [{"backend": "fine", "pattern": "fine.chain", "nodes": [0], "ops": ops[:1], "precision": BFLOAT16}]
+    record["partitions"] += [{"backend": "tvm", "pattern": "tvm.fused", "nodes": [k], "ops": [op]} for k, op in enumerate(ops) if k]
+    path = tmp_path / "placement.json"
+    path.write_text(json.dumps(record))
+    rebuilt = collage.load_placement(Unary, path, backends=BackendSet([default_backends()["tvm"], FINE]), cost_log=log)
+    (failed, why), = rebuilt.fallbacks
+    assert failed.candidate.precision == BFLOAT16 and "exceeds 0.01 x max |expected|" in why
+    assert [p.backend for p in rebuilt.placement] == ["tvm"] * 5
