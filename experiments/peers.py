@@ -97,15 +97,18 @@ def onnxruntime_session(model, threads: int, optimized_model_filepath: str | Non
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def openvino_request(model, threads: int):
+def openvino_request(model, threads: int, precision: str | None = "f32"):
     """An infer request of OpenVINO's CPU plugin for an ONNX ModelProto or an ``ov.Model``:
-    f32 (it would pick bf16 on this CPU), ``threads`` threads, tuned for latency."""
+    ``precision`` f32 by default (it would pick bf16 on a CPU with native bf16; None leaves
+    its own choice), ``threads`` threads, tuned for latency."""
     import openvino as ov
 
     core = ov.Core()
     if not isinstance(model, ov.Model):
         model = core.read_model(model.SerializeToString(), b"")
-    config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
     return core.compile_model(model, "CPU", config).create_infer_request()
 
 
@@ -127,12 +130,12 @@ def prepare_onnxruntime(w: Workload, threads: int, model=None) -> Runner:
     )
 
 
-def prepare_openvino(w: Workload, threads: int, model=None) -> Runner:
-    """OpenVINO's CPU plugin in f32 (it would pick bf16 on this CPU), tuned for latency, on
-    ``model`` (by default the model's ONNX export)."""
+def prepare_openvino(w: Workload, threads: int, model=None, precision: str | None = "f32") -> Runner:
+    """OpenVINO's CPU plugin in f32 (it would pick bf16 on a CPU with native bf16), tuned for
+    latency, on ``model`` (by default the model's ONNX export)."""
     import openvino as ov
 
-    request = openvino_request(w.onnx if model is None else model, threads)
+    request = openvino_request(w.onnx if model is None else model, threads, precision)
     inputs = [t.numpy() for t in w.inputs]
     for i, array in enumerate(inputs):
         request.set_input_tensor(i, ov.Tensor(array, shared_memory=True))
@@ -163,7 +166,13 @@ def prepare_tvm(w: Workload, threads: int) -> Runner:
 
 PrepareFn = Callable[[Workload, int], Runner]
 
-def prepare_collage(w: Workload, threads: int) -> Runner:
+def prepare_openvino_default(w: Workload, threads: int) -> Runner:
+    """OpenVINO as its users run it: no precision hint, so bf16 on a CPU with AVX512_BF16 or
+    AMX, f32 elsewhere."""
+    return prepare_openvino(w, threads, precision=None)
+
+
+def prepare_collage(w: Workload, threads: int, accuracy: float | None = None) -> Runner:
     """Collage itself: ``collage.optimize`` on the Relax module, with every usable backend,
     given the ONNX export the ONNX Runtime and OpenVINO peers run (as ``collage optimize
     model.onnx`` is), so each engine alone on that file is among its finalists. Costs come
@@ -174,7 +183,7 @@ def prepare_collage(w: Workload, threads: int) -> Runner:
 
     import collage
 
-    opt = collage.optimize(w.relax, threads=threads, onnx_model=w.onnx)
+    opt = collage.optimize(w.relax, threads=threads, onnx_model=w.onnx, accuracy=accuracy)
     print(opt.report(), flush=True)
     inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
 
@@ -196,6 +205,7 @@ PEERS: dict[str, PrepareFn] = {
     "torch.compile": prepare_torch_compile,
     "onnxruntime": prepare_onnxruntime,
     "openvino": prepare_openvino,
+    "openvino-default": prepare_openvino_default,
     "tvm": prepare_tvm,
     "collage": prepare_collage,
 }

@@ -25,7 +25,8 @@ def test_every_peer_runs_the_mlp(tmp_path):
         assert record["error"] is None, name
         assert record["median_ms"] > 0, name
         assert QUICK.min_reps <= record["samples"] <= QUICK.max_reps, name
-        assert record["max_rel_err"] < 1e-4, name
+        # OpenVINO at its own defaults computes in bf16 where the CPU has it natively.
+        assert record["max_rel_err"] < (5e-2 if name == "openvino-default" else 1e-4), name
         assert name in table
     assert json.loads(out.read_text())["mlp"]["peers"] == records
     assert png.stat().st_size > 0
