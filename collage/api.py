@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import math
 import os
@@ -235,7 +236,10 @@ def optimize_with(
         stage("running the ONNX file on each engine")
         finalists.update(_engines_on_file(original, graph, usable, model.onnx_model, expected, arrays, config, offered,
                                           record.left_out))  # fmt: skip
-    errors = _within_budget(finalists, model, config, record) if config.accuracy is not None else {}
+    errors = {}
+    if config.accuracy is not None:
+        repair = functools.partial(repaired, graph=graph, costs=measurer, backends=backend_set, config=config)
+        errors = _within_budget(finalists, model, config, record, repair)
     seconds.assemble = time.perf_counter() - t
 
     if config.graph_level:
@@ -511,25 +515,56 @@ def _reduced(partitions) -> bool:
     return any(p.candidate.precision != FLOAT32 for p in partitions)
 
 
-def _within_budget(finalists: dict, model: Model, config: Config, record: RunRecord) -> dict:
+def _within_budget(finalists: dict, model: Model, config: Config, record: RunRecord, repair) -> dict:
     """Each finalist's error (``runner.relative_error``, the largest over the seeded inputs and
     a second, independent draw); finalists with reduced-precision partitions whose error
-    exceeds ``config.accuracy`` are left out, with it. Errors compound along a model, so the
-    whole module is what is held to the budget, not each kernel."""
+    exceeds ``config.accuracy`` are left out, with it, except that the op-level one is first
+    ``repair``ed (``repaired``). Errors compound along a model, so the whole module is what is
+    held to the budget, not each kernel."""
     second = random_inputs(model.original["main"], config.seed + 1)
-    second_expected = reference_outputs(model.original, second, model.log, config.seed + 1, config.target)
-    device = device_for(config.target)
+    draws = [(model.arrays, model.expected),
+             (second, reference_outputs(model.original, second, model.log, config.seed + 1, config.target))]  # fmt: skip
     errors = {}
     for name, f in list(finalists.items()):
-        errors[name] = max(relative_error(numpy_outputs(f.vm["main"](*to_tensors(arrays, device))), expected)
-                           for arrays, expected in ((model.arrays, model.expected), (second, second_expected)))  # fmt: skip
+        errors[name] = _error(f, draws, config.target)
         if _reduced(f.partitions) and not errors[name] <= config.accuracy:
             record.left_out[str(name)] = (f"{name}: error {errors[name]:.3g} of the largest output exceeds the "
                                           f"accuracy budget {config.accuracy:g} (two input draws)")  # fmt: skip
             del finalists[name]
+            fixed = repair(f, draws) if name == OP_LEVEL_REDUCED else None
+            if fixed is not None:
+                finalists[name], errors[name], back = fixed
+                record.left_out[str(name)] += f"; {back} of its partitions back in float32 bring it to {errors[name]:.3g}"
     if not any(_reduced(f.partitions) for f in finalists.values()) and record.precision_note is None:
         record.precision_note = "no placement in a reduced precision stayed within the budget: float32 kept"
     return errors
+
+
+def _error(finalist: Finalist, draws, target: str) -> float:
+    device = device_for(target)
+    return max(relative_error(numpy_outputs(finalist.vm["main"](*to_tensors(arrays, device))), expected)
+               for arrays, expected in draws)  # fmt: skip
+
+
+def repaired(finalist: Finalist, draws, graph, costs, backends, config: Config):
+    """A mixed-precision placement over the budget brought within it: its reduced partitions
+    computed in float32 again one at a time, earliest first (an early error compounds through
+    every op after it), while one is left; ``(finalist, error, how many went back)`` or None."""
+    partitions = list(finalist.partitions)
+    for k, back in enumerate(p for p in range(len(partitions)) if partitions[p].candidate.precision != FLOAT32):
+        f32 = dataclasses.replace(partitions[back].candidate, precision=FLOAT32)
+        partitions[back] = Partition(f32, costs.cost(f32), costs.transition_ms(f32.backend))
+        if not _reduced(partitions):
+            return None
+        try:
+            candidate = assemble_and_check(graph, Placement(graph, tuple(partitions)), draws[0][1], draws[0][0], backends,
+                                           config.target, config.threads, config.accuracy)  # fmt: skip
+        except OptimizeError:  # still wrong after the check's fallbacks: go on
+            continue
+        error = _error(candidate, draws, config.target)
+        if _reduced(candidate.partitions) and error <= config.accuracy:
+            return candidate, error, k + 1
+    return None
 
 
 def _engines_on_file(original, graph, usable, model, expected, arrays, config: Config, offered: dict,

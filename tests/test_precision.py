@@ -9,7 +9,15 @@ import pytest
 
 import collage
 from collage.candidates.backend import BackendSet, default_backends
+from collage.assembling.checked import assemble_and_check
+from collage.candidates.generate import Candidate
+from collage.candidates.subgraph import SubGraph
+from collage.config import Config
 from collage.deploying.saved import placement_record
+from collage.measuring.cost import Cost
+from collage.measuring.runner import numpy_outputs, to_tensors
+from collage.model.graph import DataflowGraph
+from collage.placing.placement import Partition, Placement, tvm_op
 from collage.candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable
 from collage.measuring.cost import cpu_info
 from collage.measuring.cost_log import CostLog
@@ -118,3 +126,31 @@ def test_errors_compound_so_the_whole_module_is_held_to_the_budget(tmp_path):
     (failed, why), = rebuilt.fallbacks
     assert failed.candidate.precision == BFLOAT16 and "exceeds 0.01 x max |expected|" in why
     assert [p.backend for p in rebuilt.placement] == ["tvm"] * 5
+
+
+class _Flat:
+    """A test-only cost source: every kernel 0.01 ms, no transition."""
+
+    def cost(self, candidate):
+        return Cost.of(0.01)
+
+    def transition_ms(self, backend):
+        return 0.0
+
+
+def test_a_mixed_placement_over_the_budget_is_repaired_earliest_partition_first():
+    from collage.api import repaired
+
+    graph = DataflowGraph.from_module(Unary)
+    backends = BackendSet([default_backends()["tvm"], FINE])
+    fine = [Partition(Candidate(SubGraph(graph, frozenset({k})), "fine", "fine.chain", BFLOAT16), Cost.of(0.01)) for k in (0, 4)]
+    tvm = [tvm_op(graph, k, "tvm.fused") for k in (1, 2, 3)]
+    mixed = [fine[0], *tvm, fine[1]]
+    x, w = inputs()
+    draws = [([x, w], [run_unoptimized(Unary, x, w)])]
+    config = Config(threads=2, accuracy=1e-2)
+    over = assemble_and_check(graph, Placement(graph, tuple(mixed)), draws[0][1], draws[0][0], backends, "llvm", 2, 1.0)
+    assert relative_error(numpy_outputs(over.vm["main"](*to_tensors([x, w]))), draws[0][1]) > 1e-2  # the first exp's error, compounded
+    finalist, error, back = repaired(over, draws, graph, _Flat(), backends, config)
+    assert back == 1 and error <= 1e-2
+    assert [p.candidate.precision for p in finalist.partitions] == [FLOAT32] * 4 + [BFLOAT16]
