@@ -27,7 +27,7 @@ import tvm_ffi
 from .assembling.checked import as_tvm_runs_it, assemble_and_check
 from .candidates.backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet
 from .candidates.generate import PART_SUFFIX, REGION_SUFFIX, generate, in_precisions
-from .candidates.precision import FLOAT32, bf16_unavailable, short
+from .candidates.precision import FLOAT32, bf16_unavailable, reduced, short
 from .config import Config
 from .deploying.optimized import OptimizedModule
 from .deploying.report import dominant_tvm_ops
@@ -43,7 +43,7 @@ from .measuring.runner import device_for, numpy_outputs, random_inputs, relative
 from .measuring.threads import pin_threads
 from .measuring.timing import Timing
 from .model.frontend import ModelImportError, import_model
-from .model.prepare import Model, Unplaceable, dataflow_graph, prepare_model, reference_outputs
+from .model.prepare import Model, Unplaceable, dataflow_graph, onnx_proto, prepare_model, reference_outputs
 from .placing.end_to_end import EndToEnd
 from .placing.engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
 from .placing.finalists import Finalist, choose, time_finalists
@@ -54,8 +54,9 @@ from .placing.substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .placing.substitute import SearchResult
 from .placing.substitute import search_in_pieces as search_substitutions
 from .placing.substitute.placement_cost import PlacementCost
-from .record import (SAVED, KERNELS_ONLY, OP_LEVEL, OP_LEVEL_REDUCED, SUBSTITUTED, UNPLACED, FinalistKind, FinalistName, FinalistResult,
-                     RunRecord)
+from .record import (KERNELS_ONLY, OP_LEVEL, OP_LEVEL_REDUCED, SAVED, SUBSTITUTED, UNPLACED, FinalistKind,
+                     FinalistName, FinalistResult, RunRecord)
+
 
 def optimize(
     mod: tvm.IRModule,
@@ -212,8 +213,7 @@ def optimize_with(
     stage(f"assembling and checking {len(placements)} placement(s)")
     expected = model.expected
     finalists = {
-        name: assemble_and_check(graph, placement, expected, arrays, backend_set, target, threads,
-                                 config.accuracy if _reduced(placement.partitions) else None)
+        name: assemble_and_check(graph, placement, expected, arrays, backend_set, target, threads, config.accuracy)
         for name, placement in placements.items()
     }  # fmt: skip
     for engine, name in alone.items():
@@ -224,7 +224,7 @@ def optimize_with(
     for name in [n for n in finalists if n.precision != FLOAT32 or n == OP_LEVEL_REDUCED]:
         # A reduced-precision placement whose every reduced partition fell back is float32:
         # another finalist already (and all-TVM placements of a large model are slow to time).
-        if not _reduced(finalists[name].partitions):
+        if not reduced(finalists[name].partitions):
             fallbacks = finalists.pop(name).fallbacks
             why = f"fell back to float32: {fallbacks[0][1]}" if fallbacks else "uses no reduced-precision candidate"
             record.left_out[str(name)] = f"{name} {why}"
@@ -327,27 +327,22 @@ def load_placement(
     check_backends(saved, model.backends, model.excluded, path)
     costs = LoggedCosts(Measurer(BackendSet(model.usable), config, model.log))
     partitions = partitions_of(graph, saved, costs, path)
-    rtol = config.accuracy if _reduced(partitions) else None
     if runs_file(saved):
         if onnx_model is None:
             raise PlacementFileError(f"{path}: the placement runs the model's ONNX file on {partitions[0].backend}; give that file")
         try:
-            kept = checked_on_file(model.original, graph, model.backends[partitions[0].backend], _onnx(onnx_model),
+            kept = checked_on_file(model.original, graph, model.backends[partitions[0].backend], onnx_proto(onnx_model),
                                    (model.arrays, model.expected), config.target, config.threads,
-                                   partitions[0].candidate.precision, rtol)  # fmt: skip
+                                   partitions[0].candidate.precision, config.accuracy)  # fmt: skip
         except EngineAloneFailed as err:
             raise PlacementFileError(f"{path}: {err}") from None
     else:
         kept = assemble_and_check(graph, Placement(graph, partitions), model.expected, model.arrays, model.backends,
-                                  config.target, config.threads, rtol)  # fmt: skip
+                                  config.target, config.threads, config.accuracy)  # fmt: skip
         kept.estimated_ms = sum(p.cost_ms for p in kept.partitions if not math.isnan(p.cost_ms))
     # Timed as optimize times its finalists, so the two commands print comparable numbers.
     measured = time_finalists({SAVED: kept}, model.arrays, config.target).costs[SAVED]
     return _optimized_module(model, config, kept, measured, record, started)
-
-
-def _onnx(onnx_model) -> onnx.ModelProto:
-    return onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(onnx_model)
 
 
 def _unplaced(model: Model, config: Config, record: RunRecord, started: float) -> OptimizedModule:
@@ -511,10 +506,6 @@ def _reduced_precisions(usable, config: Config, record: RunRecord) -> dict[str, 
     return offered
 
 
-def _reduced(partitions) -> bool:
-    return any(p.candidate.precision != FLOAT32 for p in partitions)
-
-
 def _within_budget(finalists: dict, model: Model, config: Config, record: RunRecord, repair) -> dict:
     """Each finalist's error (``runner.relative_error``, the largest over the seeded inputs and
     a second, independent draw); finalists with reduced-precision partitions whose error
@@ -527,7 +518,7 @@ def _within_budget(finalists: dict, model: Model, config: Config, record: RunRec
     errors = {}
     for name, f in list(finalists.items()):
         errors[name] = _error(f, draws, config.target)
-        if _reduced(f.partitions) and not errors[name] <= config.accuracy:
+        if reduced(f.partitions) and not errors[name] <= config.accuracy:
             record.left_out[str(name)] = (f"{name}: error {errors[name]:.3g} of the largest output exceeds the "
                                           f"accuracy budget {config.accuracy:g} (two input draws)")  # fmt: skip
             del finalists[name]
@@ -535,7 +526,7 @@ def _within_budget(finalists: dict, model: Model, config: Config, record: RunRec
             if fixed is not None:
                 finalists[name], errors[name], back = fixed
                 record.left_out[str(name)] += f"; {back} of its partitions back in float32 bring it to {errors[name]:.3g}"
-    if not any(_reduced(f.partitions) for f in finalists.values()) and record.precision_note is None:
+    if not any(reduced(f.partitions) for f in finalists.values()) and record.precision_note is None:
         record.precision_note = "no placement in a reduced precision stayed within the budget: float32 kept"
     return errors
 
@@ -554,7 +545,7 @@ def repaired(finalist: Finalist, draws, graph, costs, backends, config: Config):
     for k, back in enumerate(p for p in range(len(partitions)) if partitions[p].candidate.precision != FLOAT32):
         f32 = dataclasses.replace(partitions[back].candidate, precision=FLOAT32)
         partitions[back] = Partition(f32, costs.cost(f32), costs.transition_ms(f32.backend))
-        if not _reduced(partitions):
+        if not reduced(partitions):
             return None
         try:
             candidate = assemble_and_check(graph, Placement(graph, tuple(partitions)), draws[0][1], draws[0][0], backends,
@@ -562,7 +553,7 @@ def repaired(finalist: Finalist, draws, graph, costs, backends, config: Config):
         except OptimizeError:  # still wrong after the check's fallbacks: go on
             continue
         error = _error(candidate, draws, config.target)
-        if _reduced(candidate.partitions) and error <= config.accuracy:
+        if reduced(candidate.partitions) and error <= config.accuracy:
             return candidate, error, k + 1
     return None
 
@@ -578,11 +569,10 @@ def _engines_on_file(original, graph, usable, model, expected, arrays, config: C
         if backend.kind != GRAPH_LEVEL or backend.compile_onnx is None:
             continue
         for precision in (FLOAT32, *offered.get(backend.name, ())):
-            rtol = None if precision == FLOAT32 else config.accuracy
             at = "" if precision == FLOAT32 else f" in {short(precision)}"
             try:
                 finalist = checked_on_file(original, graph, backend, model, (arrays, expected), config.target,
-                                           config.threads, precision, rtol)  # fmt: skip
+                                           config.threads, precision, config.accuracy)  # fmt: skip
             except EngineAloneFailed as err:
                 notes[f"{backend.name} file{at}"] = str(err)
                 continue

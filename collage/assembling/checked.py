@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..candidates.backend import BackendSet
-from ..candidates.precision import FLOAT32
+from ..candidates.precision import FLOAT32, reduced
 from ..errors import OptimizeError
 from ..measuring.runner import build_vm, device_for, mismatch, numpy_outputs, run_kernel, to_tensors
 from ..placing.end_to_end import wrong_result
@@ -29,14 +29,16 @@ def as_tvm_runs_it(original, prepared, arrays, expected, target) -> Finalist:
 
 
 def assemble_and_check(graph, placement: Placement, expected, arrays, backends, target, threads: int = 0,
-                       rtol: float | None = None) -> Finalist:
+                       budget: float | None = None) -> Finalist:
     """Assemble, compile and compare with the unoptimized module's ``expected`` outputs on
-    ``arrays``, each library on ``threads`` threads, within ``rtol`` (default: float32's
-    end-to-end tolerance; the accuracy budget where partitions compute in a reduced precision,
-    which also bounds each such kernel's own error). Partitions that fail to compile, or whose kernels disagree with TVM inside
-    the model, fall back to TVM, and the check repeats. Returns the assembly with its VM, the
-    partitions it runs and the fallbacks with their reasons."""
+    ``arrays``, each library on ``threads`` threads, within float32's end-to-end tolerance,
+    or within the accuracy ``budget`` where partitions compute in a reduced precision (which
+    then also bounds each such kernel's own error). Partitions that fail to compile, or whose
+    kernels disagree with TVM inside the model, fall back to TVM, and the check repeats.
+    Returns the assembly with its VM, the partitions it runs and the fallbacks with their
+    reasons."""
     device = device_for(target)
+    rtol = budget if reduced(placement.partitions) else None
     partitions = list(placement.partitions)
     fallbacks: list[tuple[Partition, str]] = []
     checks = 0

@@ -24,6 +24,11 @@ def bf16_unavailable(isa: list[str] | tuple[str, ...]) -> str | None:
     return f"this CPU has neither AVX512_BF16 nor AMX (flags: {' '.join(isa) or 'none of note'})"
 
 
+def reduced(partitions) -> bool:
+    """Whether any of ``partitions`` (``placement.Partition``) computes in a reduced precision."""
+    return any(p.candidate.precision != FLOAT32 for p in partitions)
+
+
 def short(precision: str) -> str:
     """The short name reports use: f32, bf16."""
     return {FLOAT32: "f32", BFLOAT16: "bf16"}.get(precision, precision)

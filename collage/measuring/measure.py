@@ -46,7 +46,6 @@ TRANSITION = "transition"  # the pattern name of the transition-cost row in the 
 BATCH = 48
 
 
-
 class Measurer:
     """The ``CostSource`` of real runs: logged costs first, measurements for the rest.
 
@@ -62,14 +61,12 @@ class Measurer:
         config: Config = Config(),
         log: CostLog | None = None,
         meter: EnergyMeter | None = None,
-        precision: str = "float32",
     ):
         self.backends = backends
         self.target = config.target
         self.device = Device.this_machine(config.threads, config.target)
         self.log = log if log is not None else CostLog()
         self.timing = config.timing
-        self.precision = precision  # the transitions' (their probes run in float32)
         self.accuracy = config.accuracy  # how closely a reduced-precision candidate must match
         self.seed = config.seed
         self.runner = config.runner if config.runner is not None else shared_worker(self.device.threads)
@@ -118,7 +115,8 @@ class Measurer:
     def transition_key(self, backend: str) -> LogKey:
         """Where ``backend``'s transition cost is logged."""
         b = self.backends[backend]
-        return LogKey(b.name, b.library, TRANSITION, self.device.name, self.device.threads, self.precision, TRANSITION)
+        # The transition probes run in float32.
+        return LogKey(b.name, b.library, TRANSITION, self.device.name, self.device.threads, FLOAT32, TRANSITION)
 
     def missing(self, candidates: Iterable[Candidate]) -> list[Candidate]:
         """The distinct candidates with no logged cost, the reference backend first for each
@@ -164,13 +162,15 @@ class Measurer:
     def _measure_all(self, candidates: list[Candidate], todo: list[Candidate], progress: bool) -> None:
         from tqdm import tqdm
 
+        def in_batches(c: Candidate) -> bool:  # compile_many compiles float32 only
+            return self.backends[c.backend].compile_many is not None and c.precision == FLOAT32
+
         batched: dict[str, list[Candidate]] = {}
         for c in sorted(todo, key=lambda c: c.backend != REFERENCE_BACKEND):
-            if self.backends[c.backend].compile_many is not None and c.precision == FLOAT32:
+            if in_batches(c):
                 batched.setdefault(c.backend, []).append(c)
         # Whole-model candidates first: what they cost bounds the rest.
-        alone = sorted((c for c in todo if self.backends[c.backend].compile_many is None or c.precision != FLOAT32),
-                       key=lambda c: not _whole(c))  # fmt: skip
+        alone = sorted((c for c in todo if not in_batches(c)), key=lambda c: not _whole(c))
         with tqdm(total=len(todo), desc="measuring", unit="candidate", disable=not progress or not todo,
                   file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5) as bar:
             for same_backend in batched.values():

@@ -201,17 +201,22 @@ def relative_error(actual: list[np.ndarray], expected: list[np.ndarray]) -> floa
     """The largest, over the outputs, of max |actual - expected| over the largest finite
     magnitude of that expected output: the metric of an accuracy budget (``Config.accuracy``).
     NaN where a value is NaN or infinite and the reference's is not."""
-    worst = 0.0
+    errors = []
     for a, e in zip(actual, expected):
         if e.dtype.kind != "f":
-            worst = max(worst, 0.0 if np.array_equal(a, e) else np.inf)
+            errors.append(0.0 if np.array_equal(a, e) else np.inf)
             continue
         a64, e64 = a.astype("float64"), e.astype("float64")
-        finite = np.isfinite(e64)
-        scale = max(float(np.abs(e64[finite]).max(initial=0.0)), 1e-6)
-        err = float(np.abs(a64[finite] - e64[finite]).max(initial=0.0)) / scale
-        worst = err if not err <= worst else worst  # NaN stays
-    return worst
+        err, scale = _max_diff_and_scale(a64, e64, np.isfinite(e64))
+        errors.append(err / scale)
+    return float(np.max(errors, initial=0.0))  # np.max keeps a NaN
+
+
+def _max_diff_and_scale(a64: np.ndarray, e64: np.ndarray, finite: np.ndarray) -> tuple[float, float]:
+    """max |actual - expected| where the expected value is finite, and the largest finite
+    magnitude expected (at least 1e-6): the two sides of every float comparison here."""
+    err = float(np.abs(a64[finite] - e64[finite]).max(initial=0.0))
+    return err, max(float(np.abs(e64[finite]).max(initial=0.0)), 1e-6)
 
 
 def mismatch(actual: list[np.ndarray], expected: list[np.ndarray], rtol: float | None = None) -> str | None:
@@ -231,8 +236,7 @@ def mismatch(actual: list[np.ndarray], expected: list[np.ndarray], rtol: float |
             special = ~finite & ~((np.isnan(a64) & np.isnan(e64)) | (a64 == e64))
             if special.any():
                 return f"output {k}: {int(special.sum())} value(s) differ where the reference is NaN or infinite"
-            scale = max(float(np.abs(e64[finite]).max(initial=0.0)), 1e-6)
-            err = float(np.abs(a64[finite] - e64[finite]).max(initial=0.0))
+            err, scale = _max_diff_and_scale(a64, e64, finite)
             if not err <= tol * scale:  # also catches NaN where the reference is finite
                 return f"output {k}: max |diff| {err:.3g} exceeds {tol} x max |expected| {scale:.3g}"
         elif not np.array_equal(a, e):

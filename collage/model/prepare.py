@@ -66,8 +66,7 @@ def prepare_model(
     if not any(b.name == REFERENCE_BACKEND for b in usable):
         raise OptimizeError("the 'tvm' backend must be among the backends: it is the fallback for every operator")
     log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
-    if onnx_model is not None and not isinstance(onnx_model, onnx.ModelProto):
-        onnx_model = onnx.load(onnx_model)
+    onnx_model = None if onnx_model is None else onnx_proto(onnx_model)
     prepared, report, failed = original, None, None
     if config.simplify:
         try:
@@ -76,6 +75,11 @@ def prepare_model(
             failed = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
     arrays = random_inputs(original["main"], config.seed)
     return Model(original, prepared, report, failed, asked, usable, excluded, log, onnx_model, config, arrays)
+
+def onnx_proto(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
+    """An ONNX model given as itself or as its file."""
+    return model if isinstance(model, onnx.ModelProto) else onnx.load(model)
+
 
 def bound_main(mod, params: Mapping[str, np.ndarray] | None) -> tvm.IRModule:
     """``mod`` with ``params`` bound into ``main``, checked to take static tensor inputs only."""

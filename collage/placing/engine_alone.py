@@ -92,15 +92,16 @@ def from_onnx_file(
 
 def checked_on_file(original: tvm.IRModule, graph: DataflowGraph, backend: Backend, model: onnx.ModelProto,
                     check: tuple[list, list], target: str, threads: int, precision: str = FLOAT32,
-                    rtol: float | None = None) -> Finalist:
+                    budget: float | None = None) -> Finalist:
     """``from_onnx_file``'s module, built and checked on ``check`` (inputs, the unoptimized
-    module's outputs on them; within ``rtol`` for a reduced ``precision``), as a finalist. Raises ``EngineAloneFailed`` saying why not: the
+    module's outputs on them; within the accuracy ``budget`` for a reduced ``precision``), as a finalist. Raises ``EngineAloneFailed`` saying why not: the
     engine refuses the file, fails running it, or computes otherwise."""
     try:
         assembly, partition = from_onnx_file(original, graph, backend, model, target, threads, precision)
         vm = build_vm(assembly.module, target)
         arrays, expected = check
-        problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected, rtol)
+        problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected,
+                               None if precision == FLOAT32 else budget)
     except EngineAloneFailed:
         raise
     except Exception as err:  # a library raising at build or run time: this finalist cannot be
