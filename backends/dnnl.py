@@ -16,13 +16,22 @@ caller's buffer (the op has no ``out=``).
 Pooling (2-D max and average): PyTorch pools dense CPU tensors with ATen's own kernels, so
 these convert to oneDNN tensors (``to_mkldnn``), pool with oneDNN's primitive and convert
 back (``to_dense``, then ``copy_``): three copies, measured like any candidate.
+
+Precision: with an accuracy budget, on a CPU with native bfloat16 (AVX512_BF16 or AMX),
+convolutions and dense layers are offered in bfloat16 too: oneDNN's float32 math mode
+(``torch.backends.mkldnn.{conv,matmul}.fp32_precision = "bf16"``, oneDNN's ``fpmath_mode``)
+rounds their operands to bfloat16 and accumulates in float32, on AMX where the CPU has it;
+tensors stay float32 at the boundary. The mode is process-wide, so a kernel sets it around
+its own call and restores what it found (under a microsecond). Pooling has no such mode.
 """
 
 from collage.patterns import kernels
 from collage.patterns.kernels import Check, shape_of
 
-from collage.candidates.backend import OP_LEVEL, Backend, installed_version
+from collage.candidates.backend import OP_LEVEL, Backend, Unsupported, installed_version
 from collage.candidates.pattern import Pattern
+from collage.candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable
+from collage.measuring.cost import cpu_info
 
 
 def probe(target: str) -> str | None:
@@ -53,12 +62,36 @@ PATTERNS = {
 }  # fmt: skip
 
 
-def compile(func, pattern: str, target: str, threads: int):
+def compile(func, pattern: str, target: str, threads: int, precision: str = FLOAT32):
     kernels.use_torch_threads(threads)
     match = kernels.compile_match(func, PATTERNS, pattern)
     if "conv" in match.captures:
-        return conv_kernel(func, match)
-    return dense_kernel(func, match) if "matmul" in match.captures else pool_kernel(func, match)
+        return in_math_mode(conv_kernel(func, match), "conv", precision)
+    if "matmul" in match.captures:
+        return in_math_mode(dense_kernel(func, match), "matmul", precision)
+    if precision != FLOAT32:
+        raise Unsupported(f"oneDNN pools in float32 only, not {precision}")
+    return pool_kernel(func, match)
+
+
+def in_math_mode(kernel, primitive: str, precision: str):
+    """``kernel`` with oneDNN's float32 math mode for ``primitive`` ("conv", "matmul") set to
+    ``precision`` while it runs; float32 leaves the mode as it is."""
+    if precision == FLOAT32:
+        return kernel
+    import torch
+
+    mode = getattr(torch.backends.mkldnn, primitive)
+    as_torch_spells = {BFLOAT16: "bf16"}[precision]
+
+    def reduced(*tensors):
+        found, mode.fp32_precision = mode.fp32_precision, as_torch_spells
+        try:
+            kernel(*tensors)
+        finally:
+            mode.fp32_precision = found
+
+    return reduced
 
 
 def conv_kernel(func, match):
@@ -143,4 +176,5 @@ BACKEND = Backend(
     requires=("torch",),
     probe=probe,
     library=f"oneDNN in PyTorch {installed_version('torch')}",
+    precisions=lambda target: () if bf16_unavailable(cpu_info()["isa"]) else (BFLOAT16,),
 )

@@ -6,7 +6,9 @@ from collage.backends import dnnl
 from tvm.script import ir as I
 from tvm.script import relax as R
 
+from collage.candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable
 from collage.measuring import runner
+from collage.measuring.cost import cpu_info
 from collage.candidates.generate import generate
 from collage.model.graph import DataflowGraph
 from collage.candidates.subgraph import SubGraph
@@ -167,6 +169,52 @@ def test_unsupported_is_a_reason_not_a_crash():
     assert runner.check_candidate(BACKEND, conv_and_row, "dnnl.softmax").startswith(
         "unsupported: no pattern named 'dnnl.softmax'; known: dnnl.conv2d, "
     )
+
+
+NO_BF16 = bf16_unavailable(cpu_info()["isa"])
+
+
+# fmt: off
+@I.ir_module
+class Dense:  # large enough that oneDNN takes its bf16 path: on a 4x16x8 product it keeps float32
+    @R.function
+    def main(x: R.Tensor((16, 64), "float32"), w: R.Tensor((32, 64), "float32"), b: R.Tensor((32,), "float32")):
+        with R.dataflow():
+            wt = R.permute_dims(w, axes=[1, 0])
+            d = R.add(R.matmul(x, wt), b)
+            R.output(d)
+        return d
+# fmt: on
+
+
+@pytest.mark.skipif(NO_BF16 is not None, reason=str(NO_BF16))
+def test_convolutions_and_dense_layers_compute_in_bfloat16_where_asked_and_restore_the_math_mode():
+    import torch
+
+    graph = DataflowGraph.from_module(with_weights_bound(ConvBlocks2d))
+    dense_graph = DataflowGraph.from_module(with_weights_bound(Dense))
+    chosen = [next(c for c in generate(g, [BACKEND]) if c.pattern == name)
+              for g, name in ((graph, "dnnl.conv2d_bias_relu"), (dense_graph, "dnnl.dense_bias"))]
+    assert BACKEND.reduced_precisions("llvm") == (BFLOAT16,)
+    for c in chosen:
+        func = c.subgraph.extract()
+        arrays = runner.random_inputs(func)
+        expected = runner.run_reference(func, arrays)
+        errors = {}
+        for precision in (FLOAT32, BFLOAT16):
+            kernel, reason = runner.compile_kernel(BACKEND, func, c.pattern, "llvm", 1, precision=precision)
+            assert reason is None
+            errors[precision] = runner.relative_error(runner.run_kernel(kernel, func, arrays), expected)
+        # bfloat16 keeps 8 bits of mantissa: its rounding shows, well within a percent.
+        assert errors[FLOAT32] < 1e-5 < errors[BFLOAT16] < 1e-2, (c.pattern, errors)
+    assert torch.backends.mkldnn.conv.fp32_precision == torch.backends.mkldnn.matmul.fp32_precision == "none"
+
+
+def test_pooling_has_no_bfloat16_kernel():
+    graph = DataflowGraph.from_module(with_weights_bound(ConvBlocks2d))
+    pool = SubGraph(graph, S(12)).extract()
+    _, reason = runner.compile_kernel(BACKEND, pool, "dnnl.max_pool2d", "llvm", 1, precision=BFLOAT16)
+    assert reason == "unsupported: oneDNN pools in float32 only, not bfloat16"
 
 
 def test_serves_cpu_only():
