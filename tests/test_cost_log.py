@@ -42,6 +42,21 @@ def test_valid_cost_round_trips(log):
     assert len(log) == 1
 
 
+def test_a_reduced_precision_cost_round_trips_with_its_error(log):
+    key = dataclasses.replace(KEY, precision="bfloat16")
+    cost = Cost.of(0.5, spread=0.01, samples=20, error=3.2e-3)
+    log.put(key, cost)
+    assert log.get(key) == cost and log.rows()[0].error == 3.2e-3
+
+
+def test_a_log_written_before_errors_were_kept_gets_the_column(tmp_path):
+    path = tmp_path / "costs.sqlite"
+    CostLog(path).put(KEY, Cost.of(1.0, samples=5))
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE costs DROP COLUMN error")
+    assert CostLog(path).get(KEY) == Cost.of(1.0, samples=5)
+
+
 def test_invalid_cost_round_trips_with_its_reason(log):
     cost = Cost.invalid("output differs from TVM: max relative error 0.3")
     log.put(KEY, cost)

@@ -50,6 +50,8 @@ def test_reduced_candidates_are_measured_logged_by_precision_and_checked_within_
     opt = optimize(FINE, log, accuracy=1e-2)
     rows = {r.precision: r for r in log.rows("fine") if r.key == log.rows("fine")[0].key}
     assert set(rows) == {FLOAT32, BFLOAT16} and rows[BFLOAT16].failure is None  # 1e-3 of the output is within 1e-2
+    # Its own error is logged with its cost; float32's is noise, not kept.
+    assert 1e-4 < rows[BFLOAT16].error <= 1e-2 and rows[FLOAT32].error is None
     x, w = inputs()
     assert relative_error([opt(x, w)], [run_unoptimized(Unary, x, w)]) <= 1e-2
     kept = opt.record.finalists[opt.record.chosen]
@@ -154,3 +156,12 @@ def test_a_mixed_placement_over_the_budget_is_repaired_earliest_partition_first(
     finalist, error, back = repaired(over, draws, graph, _Flat(), backends, config)
     assert back == 1 and error <= 1e-2
     assert [p.candidate.precision for p in finalist.partitions] == [FLOAT32] * 4 + [BFLOAT16]
+
+
+def test_the_report_shows_a_reduced_partitions_own_error():
+    from collage.deploying.report import precision_text
+
+    graph = DataflowGraph.from_module(Unary)
+    candidate = Candidate(SubGraph(graph, frozenset({0})), "fine", "fine.chain", BFLOAT16)
+    assert precision_text(Partition(candidate, Cost.of(0.01, error=1.2e-3))) == "bf16, error 1.2e-03"
+    assert precision_text(Partition(candidate, Cost.of(0.01))) == "bf16"  # from a log written before errors were kept

@@ -131,7 +131,7 @@ def format_report(opt) -> str:
         lines.append(f"    nothing placed: {r.unplaced}; the whole model runs on tvm, as TVM alone runs it")
     for k, p in enumerate(parts):
         cost = "-" if math.isnan(p.cost_ms) else f"{p.cost_ms:9.4f}"
-        pattern = p.pattern if p.candidate.precision == FLOAT32 else f"{p.pattern} [{short(p.candidate.precision)}]"
+        pattern = p.pattern if p.candidate.precision == FLOAT32 else f"{p.pattern} [{precision_text(p)}]"
         lines.append(f"{k:>3}  {p.backend:<12} {pattern:<26} {cost:>9}  {ops_text(p.ops)}")
 
     share = backend_totals(parts)
@@ -221,3 +221,10 @@ def _choice_rule(r: RunRecord) -> str:
     if r.objective.is_time:
         return "the fastest is kept; of those within noise, the simplest"
     return f"the best for {r.objective} is kept; of those within noise, the simplest"
+
+
+def precision_text(partition) -> str:
+    """A reduced-precision partition's precision and, where measured, its own error against
+    float32 (the whole module's is on the accuracy line): "bf16, error 1.2e-03"."""
+    error = partition.cost.error if partition.cost.is_valid else None
+    return short(partition.candidate.precision) + ("" if error is None else f", error {error:.1e}")

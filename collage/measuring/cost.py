@@ -40,11 +40,16 @@ class Cost:
     samples: int = 0
     reason: str | None = None
     energy_mj: float | None = None  # per call; None where no meter measured it
+    # Its outputs' error against TVM's float32 (``runner.relative_error``), measured with the
+    # timing for a candidate in a reduced precision; None for float32 ones.
+    error: float | None = None
 
     @classmethod
-    def of(cls, median_ms: float, spread: float = 0.0, samples: int = 1, energy_mj: float | None = None) -> Cost:
-        """A measured cost: the median of ``samples`` timings and their spread (both in ms), and
-        the energy of one call (mJ) if it was metered."""
+    def of(cls, median_ms: float, spread: float = 0.0, samples: int = 1, energy_mj: float | None = None,
+           error: float | None = None) -> Cost:
+        """A measured cost: the median of ``samples`` timings and their spread (both in ms), the
+        energy of one call (mJ) if it was metered, and the error of its outputs if it was
+        computed in a reduced precision."""
         if not (math.isfinite(median_ms) and median_ms >= 0):
             raise ValueError(f"a valid cost needs a finite, non-negative median, not {median_ms!r}")
         if not (math.isfinite(spread) and spread >= 0):
@@ -53,7 +58,10 @@ class Cost:
             raise ValueError(f"samples must be non-negative, not {samples!r}")
         if energy_mj is not None and not (math.isfinite(energy_mj) and energy_mj >= 0):
             raise ValueError(f"energy must be finite and non-negative, not {energy_mj!r}")
-        return cls(VALID, float(median_ms), float(spread), int(samples), energy_mj=None if energy_mj is None else float(energy_mj))
+        if error is not None and not (math.isfinite(error) and error >= 0):
+            raise ValueError(f"error must be finite and non-negative, not {error!r}")
+        return cls(VALID, float(median_ms), float(spread), int(samples), energy_mj=None if energy_mj is None else float(energy_mj),
+                   error=None if error is None else float(error))  # fmt: skip
 
     @classmethod
     def invalid(cls, reason: str) -> Cost:
@@ -92,7 +100,8 @@ class Cost:
             return self if self.is_invalid else other  # the first reason is the one to report
         if self.is_unknown or other.is_unknown:
             return Cost.unknown()
-        # A sum is not one measurement: spreads add up as a bound, and it has no samples.
+        # A sum is not one measurement: spreads add up as a bound, and it has no samples; errors
+        # compound through the ops after them, so a sum has none (the whole module's is measured).
         energy = None if self.energy_mj is None or other.energy_mj is None else self.energy_mj + other.energy_mj
         return Cost(VALID, self.median_ms + other.median_ms, self.spread_ms + other.spread_ms, 0, energy_mj=energy)
 

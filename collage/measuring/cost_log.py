@@ -2,7 +2,8 @@
 
 One row per (backend, library version, structural key, device, threads, precision,
 pattern), holding the median, spread and sample count, when it was measured, and the
-failure reason for an invalid cost; and the energy of one call where a meter measured it. Rows are plain values that ``sqlite3`` can show; no
+failure reason for an invalid cost; the energy of one call where a meter measured it; and,
+for a candidate computed in a reduced precision, its outputs' error against TVM's float32. Rows are plain values that ``sqlite3`` can show; no
 pickled objects. The file is in WAL mode with a busy timeout, so several processes
 optimizing at once read while one writes and wait for each other instead of failing.
 
@@ -50,6 +51,7 @@ _MEASUREMENT_COLUMNS = """
     measured_at TEXT NOT NULL,
     failure     TEXT,
     energy_mj   REAL,
+    error       REAL,
     CHECK ((failure IS NULL) = (median_ms IS NOT NULL)),"""
 
 _SCHEMA = f"""
@@ -157,6 +159,7 @@ class Row(NamedTuple):
     measured_at: str
     failure: str | None
     energy_mj: float | None = None  # per call, where a meter measured it
+    error: float | None = None  # its outputs' error against float32, for a reduced precision
 
 
 def default_path() -> Path:
@@ -238,13 +241,13 @@ class CostLog:
         """Insert the row unless its key is there (the first writer wins); the stored cost."""
         measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if cost.is_valid:
-            measurement = (cost.median_ms, cost.spread_ms, cost.samples, None, cost.energy_mj)
+            measurement = (cost.median_ms, cost.spread_ms, cost.samples, None, cost.energy_mj, cost.error)
         else:
-            measurement = (None, None, None, cost.reason, None)
+            measurement = (None, None, None, cost.reason, None, None)
         with self._connection() as conn:
             conn.execute(
                 f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}, median_ms, spread_ms, samples, failure, "
-                f"energy_mj, measured_at) VALUES ({', '.join('?' * (len(columns) + 6))})",
+                f"energy_mj, error, measured_at) VALUES ({', '.join('?' * (len(columns) + 7))})",
                 (*values, *measurement, measured_at),
             )
             return _select_cost(conn, table, columns, values)
@@ -368,10 +371,11 @@ class CostLog:
             )
         conn.execute(_REFERENCES)  # added to version 1 later: old logs get them on opening
         conn.execute(_PLACEMENTS)
-        for table in (TABLE, PLACEMENTS):  # energy came later too: old logs get the column
+        for table in (TABLE, PLACEMENTS):  # energy and error came later too: old logs get the columns
             columns = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
-            if "energy_mj" not in columns:
-                conn.execute(f"ALTER TABLE {table} ADD COLUMN energy_mj REAL")
+            for column in ("energy_mj", "error"):
+                if column not in columns:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} REAL")
 
 
 def _owner() -> tuple[int, int]:
@@ -382,12 +386,12 @@ def _owner() -> tuple[int, int]:
 def _select_cost(conn: sqlite3.Connection, table: str, columns: tuple[str, ...], values: tuple) -> Cost | None:
     where = " AND ".join(f"{c} = ?" for c in columns)
     row = conn.execute(
-        f"SELECT median_ms, spread_ms, samples, failure, energy_mj FROM {table} WHERE {where}", values
+        f"SELECT median_ms, spread_ms, samples, failure, energy_mj, error FROM {table} WHERE {where}", values
     ).fetchone()
     return None if row is None else _cost_from_row(*row)
 
 
-def _cost_from_row(median_ms, spread_ms, samples, failure, energy_mj=None) -> Cost:
+def _cost_from_row(median_ms, spread_ms, samples, failure, energy_mj, error) -> Cost:
     if failure is not None:
         return Cost.invalid(failure)
-    return Cost.of(median_ms, spread=spread_ms, samples=samples, energy_mj=energy_mj)
+    return Cost.of(median_ms, spread=spread_ms, samples=samples, energy_mj=energy_mj, error=error)

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -37,8 +37,8 @@ from ..candidates.precision import FLOAT32
 from ..candidates.subgraph import is_tensor_constant
 from .cost import Cost
 from .meters import EnergyMeter
-from .runner import (compile_kernel, device_for, empty_outputs, first_line, mismatch, random_inputs, run_reference,
-                     synchronized, to_tensors)
+from .runner import (compile_kernel, device_for, empty_outputs, first_line, mismatch, random_inputs, relative_error,
+                     run_reference, synchronized, to_tensors)
 from .threads import pin_threads
 from .timing import Timing, time_call
 
@@ -160,11 +160,14 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
         problem = mismatch(actual, reference, task.rtol)
         if problem is not None:
             return MeasureResult(Cost.invalid(f"wrong result: {problem}"), found)
+        # A reduced precision's own error is kept with its cost (float32's is noise).
+        error = None if task.precision == FLOAT32 else relative_error(actual, reference)
         timer = getattr(kernel, "time_ms", None)
         if timer is not None:  # a kernel that can time itself without Python's overhead
-            return MeasureResult(timer(inputs, task.timing, task.meter), found)
-        call = synchronized(lambda: kernel(*inputs, *outputs), task.target)
-        return MeasureResult(time_call(call, task.timing, task.meter), found)
+            cost = timer(inputs, task.timing, task.meter)
+        else:
+            cost = time_call(synchronized(lambda: kernel(*inputs, *outputs), task.target), task.timing, task.meter)
+        return MeasureResult(cost if error is None or not cost.is_valid else replace(cost, error=error), found)
     except Exception as err:
         return MeasureResult(Cost.invalid(f"run failed: {type(err).__name__}: {first_line(err)}"))
 
