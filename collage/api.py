@@ -39,11 +39,11 @@ from .measuring.cost_log import CostLog
 from .measuring.isolation import MeasureRunner
 from .measuring.measure import Measurer
 from .measuring.meters import EnergyMeter, NoEnergyMeter, energy_meter
-from .measuring.runner import device_for, numpy_outputs, random_inputs, relative_error, to_tensors
+from .measuring.runner import device_for, numpy_outputs, relative_error, to_tensors
 from .measuring.threads import pin_threads
 from .measuring.timing import Timing
 from .model.frontend import ModelImportError, import_model
-from .model.prepare import Model, Unplaceable, dataflow_graph, onnx_proto, prepare_model, reference_outputs
+from .model.prepare import Model, Unplaceable, dataflow_graph, onnx_proto, prepare_model
 from .placing.end_to_end import EndToEnd
 from .placing.engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
 from .placing.finalists import Finalist, choose, time_finalists
@@ -83,6 +83,7 @@ def optimize(
     objective: str | Objective = "time",
     meter: EnergyMeter | None = None,
     accuracy: float | None = None,
+    calibration: Iterable | None = None,
 ) -> OptimizedModule:
     """Place every operator of ``mod``'s ``main`` on the backend where it runs fastest here.
 
@@ -120,7 +121,10 @@ def optimize(
     unoptimized model (``runner.relative_error``; 1e-2 is 1%): backends that compute in a
     reduced precision natively here (OpenVINO in bfloat16 on CPUs with AVX512_BF16 or AMX)
     then offer every candidate in it too, and a placement using them is kept only if its
-    measured error, on the seeded inputs and on a second draw, is within it. Raises ``OptimizeError`` for
+    measured error, on the seeded inputs and on a second draw, is within it; ``calibration``
+    (input sets, each a sequence of arrays in ``main``'s parameter order or a mapping from
+    input name to array) replaces the second draw with inputs the user knows to be typical.
+    Raises ``OptimizeError`` for
     input it cannot handle; a failing backend candidate is excluded with its reason and never
     raises.
     """
@@ -130,7 +134,7 @@ def optimize(
         substitution_budget_s=substitution_budget_s, objective=objective, runner=runner, accuracy=accuracy,
     )  # fmt: skip
     return optimize_with(config, mod, backends, cost_log, params=params, onnx_model=onnx_model,
-                         example_inputs=example_inputs, shapes=shapes, meter=meter)  # fmt: skip
+                         example_inputs=example_inputs, shapes=shapes, meter=meter, calibration=calibration)  # fmt: skip
 
 
 def optimize_with(
@@ -144,6 +148,7 @@ def optimize_with(
     example_inputs=None,
     shapes: Mapping[str, Iterable[int]] | None = None,
     meter: EnergyMeter | None = None,
+    calibration: Iterable | None = None,
 ) -> OptimizedModule:
     """``optimize`` with its settings made once (``collage.config``): what the command line
     and the torch.compile backend call."""
@@ -156,6 +161,8 @@ def optimize_with(
         if config.progress:
             print(f"collage: {what} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
 
+    if calibration is not None and config.accuracy is None:
+        raise OptimizeError("calibration inputs serve an accuracy budget: pass accuracy= too, or leave them out")
     objective, meter = config.objective, _energy_meter(config, meter)
     pin_threads(threads)
     try:
@@ -166,7 +173,7 @@ def optimize_with(
     if no_file is not None and onnx_model is None:
         record.left_out["torch's ONNX export"] = no_file
     stage("preparing")
-    model = prepare_model(config, mod, backends, cost_log, params, onnx_model)
+    model = prepare_model(config, mod, backends, cost_log, params, onnx_model, calibration)
     original, prepared, usable, backend_set, log = model.original, model.prepared, model.usable, model.backends, model.log
     arrays = model.arrays
     record.simplify_failed = model.simplify_failed
@@ -507,20 +514,18 @@ def _reduced_precisions(usable, config: Config, record: RunRecord) -> dict[str, 
 
 
 def _within_budget(finalists: dict, model: Model, config: Config, record: RunRecord, repair) -> dict:
-    """Each finalist's error (``runner.relative_error``, the largest over the seeded inputs and
-    a second, independent draw); finalists with reduced-precision partitions whose error
+    """Each finalist's error (``runner.relative_error``, the largest over ``model.budget_draws``:
+    the seeded inputs and a second, independent draw, or the user's calibration sets); finalists with reduced-precision partitions whose error
     exceeds ``config.accuracy`` are left out, with it, except that the op-level one is first
     ``repair``ed (``repaired``). Errors compound along a model, so the whole module is what is
     held to the budget, not each kernel."""
-    second = random_inputs(model.original["main"], config.seed + 1)
-    draws = [(model.arrays, model.expected),
-             (second, reference_outputs(model.original, second, model.log, config.seed + 1, config.target))]  # fmt: skip
+    draws = model.budget_draws
     errors = {}
     for name, f in list(finalists.items()):
         errors[name] = _error(f, draws, config.target)
         if reduced(f.partitions) and not errors[name] <= config.accuracy:
             record.left_out[str(name)] = (f"{name}: error {errors[name]:.3g} of the largest output exceeds the "
-                                          f"accuracy budget {config.accuracy:g} (two input draws)")  # fmt: skip
+                                          f"accuracy budget {config.accuracy:g} ({len(draws)} input sets)")  # fmt: skip
             del finalists[name]
             fixed = repair(f, draws) if name == OP_LEVEL_REDUCED else None
             if fixed is not None:

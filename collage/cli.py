@@ -117,6 +117,11 @@ def parser() -> argparse.ArgumentParser:
         help="largest error accepted, relative to each output's largest magnitude (1e-2: 1%%); lets backends "
         "compute in bfloat16 where the CPU has it natively, within it (default: float32 everywhere)",
     )  # fmt: skip
+    opt.add_argument(
+        "--calibration", type=Path, action="append", metavar="INPUTS.npz",
+        help="with --accuracy: an input set the budget is held on instead of a second random draw, its arrays "
+        "named by the model's inputs (numpy.savez); repeat for more sets",
+    )  # fmt: skip
     opt.add_argument("--no-simplify", dest="simplify", action="store_false", help="skip collage.simplify")
     opt.add_argument("--quiet", action="store_true", help="no progress bar")
     opt.add_argument(
@@ -201,7 +206,8 @@ def optimize_command(args) -> int:
     _check_picture(args.draw)  # before the minutes of optimizing, not after
     mod = load_onnx(args.model, shapes)
     # The file goes along: each inference engine also runs it whole, as its users would.
-    opt = optimize_with(config, mod, backends, args.log, onnx_model=args.model)
+    calibration = [_input_set(path) for path in args.calibration or ()]
+    opt = optimize_with(config, mod, backends, args.log, onnx_model=args.model, calibration=calibration or None)
     print(opt.report())
     print(f"\nplacement written to {save_placement(opt, args.out)}")
     if args.export is not None:
@@ -281,6 +287,17 @@ def _shapes(specs: list[str]) -> dict[str, list[int]]:
         if not name or any(d < 1 for d in shapes[name]):
             raise UsageError(f"--shape {spec!r}: write INPUT=1x3x224x224 with positive sizes")
     return shapes
+
+
+def _input_set(path: Path) -> dict:
+    """One input set from a NumPy ``.npz`` file: input name -> array."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            return {name: saved[name] for name in saved.files}
+    except ValueError as err:  # a missing file is an OSError, reported as such
+        raise UsageError(f"--calibration {path}: not a NumPy .npz file of input arrays ({err})") from None
 
 
 def _graph_level(args) -> dict:

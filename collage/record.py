@@ -68,7 +68,7 @@ class FinalistResult:
     measured: Cost
     paid_ms: float | None = None
     verdict: str | None = None  # finalists.Verdict's value: "leader", "equivalent", ...
-    error: float | None = None  # with an accuracy budget: its largest relative error over two input draws
+    error: float | None = None  # with an accuracy budget: its largest relative error over the budget's input sets
 
 
 @dataclass

@@ -15,9 +15,10 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tests.tiny_onnx import write_tiny_model
+from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = "tvm,onnxruntime"  # two quick ones: an op-level library and an inference engine
@@ -161,6 +162,12 @@ def test_log_commands_create_no_log(workdir, env):
     assert not (workdir / "nowhere.sqlite").exists()
 
 
+def _input_set(path: Path, shape=None) -> Path:
+    """An input set for tiny.onnx in a .npz file (of ``shape`` instead of the model's), and tiny.onnx itself."""
+    np.savez(path, x=np.ones(shape or INPUT_SHAPE, "float32"))
+    return path.parent / "tiny.onnx"
+
+
 def _junk(path: Path) -> Path:
     path.write_bytes(b"\x08\x0a\x12\xff\xff not ONNX, only bytes \x00\x01\x02")
     return path
@@ -175,6 +182,12 @@ MISTAKES = {
     "alpha below 1": (lambda d: d / "tiny.onnx", ["--substitutions", "--alpha", "0.5"], ["--alpha", "at least 1"]),
     "objective without substitutions": (lambda d: d / "tiny.onnx", ["--objective", "energy"], ["--objective", "--substitutions"]),
     "unknown objective": (lambda d: d / "tiny.onnx", ["--substitutions", "--objective", "speed"], ["objective 'speed'"]),
+    "calibration not npz": (lambda d: d / "tiny.onnx", ["--accuracy", "1e-2", "--calibration", "tiny.onnx"],
+                            ["--calibration tiny.onnx", "not a NumPy .npz file"]),
+    "calibration of another shape": (lambda d: _input_set(d / "small.npz", (1, 1)), ["--accuracy", "1e-2", "--calibration", "small.npz"],
+                                     ["calibration set 0, input 'x'", "float32[1, 1]", "the model takes"]),
+    "calibration without accuracy": (lambda d: _input_set(d / "cal.npz"), ["--calibration", "cal.npz"],
+                                     ["calibration inputs serve an accuracy budget"]),
 }
 
 

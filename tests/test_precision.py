@@ -3,6 +3,7 @@ the reduced precisions they compute in natively; the module returned stays withi
 end to end; without one, nothing changes."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -165,3 +166,26 @@ def test_the_report_shows_a_reduced_partitions_own_error():
     candidate = Candidate(SubGraph(graph, frozenset({0})), "fine", "fine.chain", BFLOAT16)
     assert precision_text(Partition(candidate, Cost.of(0.01, error=1.2e-3))) == "bf16, error 1.2e-03"
     assert precision_text(Partition(candidate, Cost.of(0.01))) == "bf16"  # from a log written before errors were kept
+
+
+def test_calibration_sets_replace_the_second_draw_and_bad_ones_are_named(tmp_path):
+    from collage.model.prepare import prepare_model
+
+    x, w = inputs(seed=5)
+    config = Config(threads=1, accuracy=1e-2)
+    model = prepare_model(config, Unary, ["tvm"], tmp_path / "c.sqlite", calibration=[{"w": w, "x": x}, (x * 2, w)])
+    draws = model.budget_draws
+    assert len(draws) == 3 and draws[0] == (model.arrays, model.expected)  # the seeded inputs, then the user's
+    for (arrays, expected), given in zip(draws[1:], ([x, w], [x * 2, w])):
+        assert all(a is b or np.array_equal(a, b) for a, b in zip(arrays, given))
+        np.testing.assert_allclose(expected[0], run_unoptimized(Unary, *given), rtol=1e-5)
+    opt = optimize(FINE, tmp_path / "c.sqlite", accuracy=1e-2, calibration=[(x, w)])
+    assert relative_error([opt(x, w)], [run_unoptimized(Unary, x, w)]) <= 1e-2
+    for bad, words in (([(x,)], "calibration set 0: 1 arrays, but main takes 2 inputs"),
+                       ([{"x": x}], "calibration set 0: inputs are x, w; missing: w"),
+                       ([(x, w), {"x": x, "v": w}], "calibration set 1: inputs are x, w; unknown: v"),
+                       ([(x.astype("float64"), w)], "calibration set 0, input 'x': float64[64, 64], but the model takes float32[64, 64]")):  # fmt: skip
+        with pytest.raises(collage.OptimizeError, match=re.escape(words)):
+            optimize(FINE, tmp_path / "c.sqlite", accuracy=1e-2, calibration=bad)
+    with pytest.raises(collage.OptimizeError, match="calibration inputs serve an accuracy budget"):
+        optimize(FINE, tmp_path / "c.sqlite", calibration=[(x, w)])

@@ -6,6 +6,7 @@ start here (``prepare_model``)."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -41,13 +42,28 @@ class Model:
     onnx_model: onnx.ModelProto | None  # the file the model came from, for the engines to run whole
     config: Config
     arrays: list[np.ndarray]  # seeded inputs
+    calibration: list[list[np.ndarray]]  # the user's input sets for the accuracy budget (or none)
 
     @functools.cached_property
     def expected(self) -> list[np.ndarray]:
         """The unoptimized module's outputs on ``arrays`` (from the log, else run once), asked
         for when the first module is checked: a model TVM cannot run gets the placement's own
         error first, which names the operator."""
-        return reference_outputs(self.original, self.arrays, self.log, self.config.seed, self.config.target)
+        return reference_outputs(self.original, self.arrays, self.log, _seeded(self.config.seed), self.config.target)
+
+    @functools.cached_property
+    def budget_draws(self) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+        """(inputs, the unoptimized outputs on them) on which the whole module is held to an
+        accuracy budget: the seeded inputs, then the user's calibration sets, or without them a
+        second, independent draw."""
+        seed, target = self.config.seed, self.config.target
+        if self.calibration:
+            others = [(arrays, reference_outputs(self.original, arrays, self.log, _given(arrays), target))
+                      for arrays in self.calibration]  # fmt: skip
+        else:
+            second = random_inputs(self.original["main"], seed + 1)
+            others = [(second, reference_outputs(self.original, second, self.log, _seeded(seed + 1), target))]
+        return [(self.arrays, self.expected), *others]
 
 
 def prepare_model(
@@ -57,10 +73,13 @@ def prepare_model(
     cost_log: CostLog | str | os.PathLike | None,
     params: Mapping[str, np.ndarray] | None = None,
     onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
+    calibration: Iterable | None = None,
 ) -> Model:
     """Bind, check and simplify ``mod``; gather the backends and the log; draw the seeded
-    inputs. ``OptimizeError`` for input it cannot take."""
+    inputs; check the ``calibration`` sets (``checked_calibration``). ``OptimizeError`` for
+    input it cannot take."""
     original = bound_main(mod, params)
+    calibration = checked_calibration(original["main"], calibration)
     asked = backend_set(backends)
     usable, excluded = asked.usable(config.target)
     if not any(b.name == REFERENCE_BACKEND for b in usable):
@@ -74,7 +93,36 @@ def prepare_model(
         except Exception as err:  # noqa: BLE001 -- a TVM pass failing on this model: place it as given
             failed = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
     arrays = random_inputs(original["main"], config.seed)
-    return Model(original, prepared, report, failed, asked, usable, excluded, log, onnx_model, config, arrays)
+    return Model(original, prepared, report, failed, asked, usable, excluded, log, onnx_model, config, arrays,
+                 calibration)  # fmt: skip
+
+
+def checked_calibration(main: relax.Function, sets: Iterable | None) -> list[list[np.ndarray]]:
+    """The user's calibration ``sets`` as lists of arrays in ``main``'s parameter order: each
+    set a sequence of arrays in that order or a mapping from input name to array, each array
+    of the input's shape and dtype. ``OptimizeError`` names the first set and input that is
+    not."""
+    params = list(main.params)
+    checked = []
+    for k, given in enumerate(sets or ()):
+        if isinstance(given, Mapping):
+            names = [p.name for p in params]
+            extra = sorted(set(given) - set(names))
+            if extra or len(given) != len(names):
+                missing = [n for n in names if n not in given]
+                raise OptimizeError(f"calibration set {k}: inputs are {', '.join(names)}; "
+                                    + (f"unknown: {', '.join(extra)}" if extra else f"missing: {', '.join(missing)}"))  # fmt: skip
+            given = [given[n] for n in names]
+        given = [np.asarray(a) for a in given]
+        if len(given) != len(params):
+            raise OptimizeError(f"calibration set {k}: {len(given)} arrays, but main takes {len(params)} inputs")
+        for p, a in zip(params, given):
+            shape, dtype = static_shape(p.ty), p.ty.dtype
+            if a.shape != shape or str(a.dtype) != dtype:
+                raise OptimizeError(f"calibration set {k}, input {p.name!r}: {a.dtype}{list(a.shape)}, "
+                                    f"but the model takes {dtype}{list(shape)}")  # fmt: skip
+        checked.append(given)
+    return checked
 
 def onnx_proto(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
     """An ONNX model given as itself or as its file."""
@@ -147,11 +195,22 @@ def dataflow_graph(mod: tvm.IRModule) -> DataflowGraph:
         raise Unplaceable(f"main cannot be placed: {err}") from None
 
 
-def reference_outputs(original, arrays, log: CostLog, seed: int, target: str) -> list[np.ndarray]:
-    """The unoptimized module's outputs on ``arrays`` (drawn with ``seed``): from the log, else
-    run on TVM and saved."""
+def _seeded(seed: int) -> str:
     # "inputs 2": drawn inside each operator's domain since (runner.random_inputs).
-    key = f"{tvm_ffi.structural_hash(original):x} seed {seed} inputs 2 {target}"
+    return f"seed {seed} inputs 2"
+
+
+def _given(arrays: list[np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for a in arrays:
+        digest.update(np.ascontiguousarray(a).tobytes())
+    return f"given {digest.hexdigest()[:32]}"
+
+
+def reference_outputs(original, arrays, log: CostLog, inputs: str, target: str) -> list[np.ndarray]:
+    """The unoptimized module's outputs on ``arrays`` (which ``inputs`` names: ``_seeded``,
+    ``_given``): from the log, else run on TVM and saved."""
+    key = f"{tvm_ffi.structural_hash(original):x} {inputs} {target}"
     saved = log.get_reference(key)
     if saved is None:
         try:
