@@ -38,7 +38,7 @@ import numpy as np
 
 from experiments import models
 from experiments.corpus import CORPUS
-from experiments.peers import PEERS, PrepareFn, Runner, pin_threads, prepare_collage
+from experiments.peers import PEERS, PrepareFn, Runner, pin_threads, prepare_collage, second_draw, torch_outputs_on
 from experiments.plot import format_ms, peer_names, plot_latency
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -111,12 +111,17 @@ def max_relative_error(outputs: list[np.ndarray], reference: list[np.ndarray]) -
     return float(max(errors))
 
 
-def prepare(prepare_fn: PrepareFn, w: models.Workload, reference, settings: Settings) -> Prepared:
-    """Compile one peer, check its first output, and warm it up."""
+def prepare(prepare_fn: PrepareFn, w: models.Workload, reference, settings: Settings, second=None) -> Prepared:
+    """Compile one peer, check its first output (and, with ``second``, (inputs, torch's
+    outputs), its outputs on those: the error is the larger), and warm it up."""
     start = time.perf_counter()
     runner = prepare_fn(w, settings.threads)
     prepare_s = time.perf_counter() - start
     error = max_relative_error(runner.to_numpy(runner.run()), reference)
+    if second is not None:
+        if runner.outputs_on is None:
+            raise ValueError("this peer cannot run other inputs, so it cannot be held to an accuracy budget")
+        error = max(error, max_relative_error(runner.outputs_on(second[0]), second[1]))
     for _ in range(settings.warmup_calls - 1):
         runner.run()
     return Prepared(runner, prepare_s, error)
@@ -192,12 +197,17 @@ def measure_model(
         "export_s": export_forms(w),
     }
     reference = w.reference()
+    # With a budget, every peer is held to it on the bench's inputs and a second draw of them.
+    second = None
+    if settings.accuracy is not None:
+        arrays = second_draw(w)
+        second = (arrays, torch_outputs_on(w.torch)(arrays))
 
     prepared, records = {}, {}
     for peer, prepare_fn in peers.items():
         print(f"  {name}: preparing {peer}", flush=True)
         try:
-            prepared[peer] = prepare(prepare_fn, w, reference, settings)
+            prepared[peer] = prepare(prepare_fn, w, reference, settings, second)
         except Exception as error:
             records[peer] = failed_record(f"prepare: {one_line(error)}")
 

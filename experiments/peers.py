@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from experiments import models
 from experiments.models import Workload
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")
@@ -44,6 +45,25 @@ class Runner:
     run: Callable[[], Any]
     to_numpy: Callable[[Any], list[np.ndarray]]
     info: dict = field(default_factory=dict)  # what the peer decided while preparing, for the results
+    # Its outputs on other inputs (arrays in the model's input order), leaving run()'s bound
+    # inputs as they are: an accuracy budget is held on more than one input set.
+    outputs_on: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None
+
+
+def second_draw(w: Workload) -> list[np.ndarray]:
+    """Inputs drawn as the workload's own, with the next seed: the second set on which a run
+    with an accuracy budget holds every peer, collage included (as calibration), to it."""
+    return [t.numpy() for t in models.random_inputs(w.spec, w.input_shape, models.SEED + 1)]
+
+
+def torch_outputs_on(net):
+    """A function from input arrays to ``net``'s outputs on them, as arrays."""
+
+    def outputs_on(arrays):
+        with torch.inference_mode():
+            return _torch_outputs(net(*[torch.from_numpy(a) for a in arrays]))
+
+    return outputs_on
 
 
 def prepare_torch(w: Workload, threads: int) -> Runner:
@@ -54,7 +74,7 @@ def prepare_torch(w: Workload, threads: int) -> Runner:
         with torch.inference_mode():
             return net(*inputs)
 
-    return Runner(run, _torch_outputs)
+    return Runner(run, _torch_outputs, outputs_on=torch_outputs_on(net))
 
 
 def prepare_torch_compile(w: Workload, threads: int) -> Runner:
@@ -68,12 +88,17 @@ def prepare_torch_compile(w: Workload, threads: int) -> Runner:
             return net(*inputs)
 
     run()
-    return Runner(run, _torch_outputs)
+    return Runner(run, _torch_outputs, outputs_on=torch_outputs_on(net))
 
 
 def _tvm_outputs(out) -> list[np.ndarray]:
     """A Relax VM result, one tensor or a tuple (duck-typed: TVM is imported only later)."""
     return [out.numpy()] if hasattr(out, "numpy") else [t.numpy() for t in out]
+
+
+def _as_list(out) -> list[np.ndarray]:
+    """``OptimizedModule``'s numpy result, one array or a tuple, as a list."""
+    return list(out) if isinstance(out, tuple) else [out]
 
 
 def _torch_outputs(out) -> list[np.ndarray]:
@@ -127,6 +152,7 @@ def prepare_onnxruntime(w: Workload, threads: int, model=None) -> Runner:
     return Runner(
         lambda: session.run_with_ort_values(output_names, feed),
         lambda out: [v.numpy() for v in out],
+        outputs_on=lambda arrays: session.run(output_names, {i.name: a for i, a in zip(session.get_inputs(), arrays)}),
     )
 
 
@@ -147,7 +173,12 @@ def prepare_openvino(w: Workload, threads: int, model=None, precision: str | Non
     def to_numpy(done_request):
         return [t.data.copy() for t in done_request.output_tensors]
 
-    return Runner(run, to_numpy)
+    def outputs_on(arrays):  # another request: this one keeps its shared-memory inputs
+        other = request.get_compiled_model().create_infer_request()
+        other.infer(list(arrays))
+        return to_numpy(other)
+
+    return Runner(run, to_numpy, outputs_on=outputs_on)
 
 
 def prepare_tvm(w: Workload, threads: int) -> Runner:
@@ -161,7 +192,8 @@ def prepare_tvm(w: Workload, threads: int) -> Runner:
     main = vm["main"]
     inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
 
-    return Runner(lambda: main(*inputs), _tvm_outputs)
+    return Runner(lambda: main(*inputs), _tvm_outputs,
+                  outputs_on=lambda arrays: _tvm_outputs(main(*[tvm.runtime.tensor(a) for a in arrays])))
 
 
 PrepareFn = Callable[[Workload, int], Runner]
@@ -183,7 +215,9 @@ def prepare_collage(w: Workload, threads: int, accuracy: float | None = None) ->
 
     import collage
 
-    opt = collage.optimize(w.relax, threads=threads, onnx_model=w.onnx, accuracy=accuracy)
+    # With a budget, collage holds it on the two input sets every peer is held to.
+    calibration = None if accuracy is None else [[t.numpy() for t in w.inputs], second_draw(w)]
+    opt = collage.optimize(w.relax, threads=threads, onnx_model=w.onnx, accuracy=accuracy, calibration=calibration)
     print(opt.report(), flush=True)
     inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
 
@@ -197,7 +231,7 @@ def prepare_collage(w: Workload, threads: int, accuracy: float | None = None) ->
         "chosen": str(opt.record.chosen),
         "finalists_ms": {str(name): round(f.measured.median_ms, 4) for name, f in opt.record.finalists.items()},
     }
-    return Runner(opt.bind(*inputs), _tvm_outputs, info)
+    return Runner(opt.bind(*inputs), _tvm_outputs, info, outputs_on=lambda arrays: _as_list(opt(*arrays)))
 
 
 PEERS: dict[str, PrepareFn] = {

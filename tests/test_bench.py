@@ -1,6 +1,8 @@
 """The peer-baseline bench on the small MLP: every peer runs and agrees with torch, results land
 in the JSON file and the chart, and a peer that fails is recorded without stopping the others."""
 
+import dataclasses
+import functools
 import json
 
 import pytest
@@ -104,3 +106,19 @@ def test_a_second_run_adds_peers_to_the_models_entry(tmp_path):
 
 def test_small_results_have_files_of_their_own():
     assert bench.default_results_path(small=True) != bench.default_results_path(small=False)
+
+
+def test_with_a_budget_every_peer_is_held_to_it_on_a_second_draw_too(tmp_path):
+    def skewed(w, threads):  # right on the bench's inputs, 10% off on any other
+        runner = peers.prepare_torch(w, threads)
+        return peers.Runner(runner.run, runner.to_numpy, outputs_on=lambda a: [o * 1.1 for o in runner.outputs_on(a)])
+
+    names = ("torch", "onnxruntime", "openvino", "openvino-default", "tvm")
+    peer_fns = {name: peers.PEERS[name] for name in names} | {
+        "skewed": skewed, "collage": functools.partial(peers.prepare_collage, accuracy=5e-2)}
+    out = tmp_path / "peers.json"
+    entries, _ = bench.run(["mlp"], peer_fns, dataclasses.replace(QUICK, accuracy=5e-2), small=True, out=out,
+                           plot=tmp_path / "peers.png")  # fmt: skip
+    records = entries["mlp"]["peers"]
+    assert all(records[name]["error"] is None and records[name]["max_rel_err"] < 5e-2 for name in (*names, "collage"))
+    assert records["skewed"]["max_rel_err"] == pytest.approx(0.1, rel=1e-3)  # counted on the second draw
