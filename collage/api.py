@@ -27,7 +27,7 @@ import tvm_ffi
 from .assembling.checked import as_tvm_runs_it, assemble_and_check
 from .candidates.backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet
 from .candidates.generate import PART_SUFFIX, REGION_SUFFIX, generate, in_precisions
-from .candidates.precision import FLOAT32, bf16_unavailable, reduced, short
+from .candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable, reduced, short
 from .config import Config
 from .deploying.optimized import OptimizedModule
 from .deploying.report import dominant_tvm_ops
@@ -506,10 +506,13 @@ def _reduced_precisions(usable, config: Config, record: RunRecord) -> dict[str, 
         return {}
     offered = {b.name: b.reduced_precisions(config.target) for b in usable}
     offered = {name: precisions for name, precisions in offered.items() if precisions}
+    why = bf16_unavailable(cpu_info()["isa"]) if config.target == "llvm" else None
     if not offered:
-        why = bf16_unavailable(cpu_info()["isa"]) if config.target == "llvm" else None
         record.precision_note = ("no backend here computes in a reduced precision"
                                  + (f": {why}" if why else "") + "; every placement is float32")  # fmt: skip
+    elif why and not any(BFLOAT16 in precisions for precisions in offered.values()):
+        offers = ", ".join(f"{name} in {'/'.join(short(p) for p in precisions)}" for name, precisions in offered.items())
+        record.precision_note = f"no bfloat16: {why}; offered: {offers}"
     return offered
 
 
@@ -531,8 +534,9 @@ def _within_budget(finalists: dict, model: Model, config: Config, record: RunRec
             if fixed is not None:
                 finalists[name], errors[name], back = fixed
                 record.left_out[str(name)] += f"; {back} of its partitions back in float32 bring it to {errors[name]:.3g}"
-    if not any(reduced(f.partitions) for f in finalists.values()) and record.precision_note is None:
-        record.precision_note = "no placement in a reduced precision stayed within the budget: float32 kept"
+    if not any(reduced(f.partitions) for f in finalists.values()):
+        kept = "no placement in a reduced precision stayed within the budget: float32 kept"
+        record.precision_note = kept if record.precision_note is None else f"{record.precision_note}; {kept}"
     return errors
 
 

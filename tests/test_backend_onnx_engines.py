@@ -8,6 +8,7 @@ import importlib
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import tvm
 from tvm.script import ir as I
@@ -16,7 +17,7 @@ from tvm.script import relax as R
 from collage.measuring import runner
 from collage.candidates.backend import GRAPH_LEVEL, Unsupported
 from collage.backends import tensorrt as tensorrt_backend
-from collage.candidates.precision import BFLOAT16, bf16_unavailable
+from collage.candidates.precision import BFLOAT16, FLOAT32, INT8, bf16_unavailable, int8_unavailable
 from collage.measuring.cost import cpu_info
 from collage.backends.tvm import BACKEND as TVM
 from collage.candidates.generate import generate
@@ -83,9 +84,49 @@ def test_library_versions_are_named():
 def test_openvino_offers_bfloat16_only_where_the_cpu_computes_it_natively():
     native = bf16_unavailable(cpu_info()["isa"]) is None
     assert engine("openvino").reduced_precisions("llvm") == ((BFLOAT16,) if native else ())
-    assert engine("onnxruntime").reduced_precisions("llvm") == ()
     assert bf16_unavailable(["avx2", "fma"]) == "this CPU has neither AVX512_BF16 nor AMX (flags: avx2 fma)"
     assert bf16_unavailable(["avx2", "amx_bf16"]) is None
+
+
+def test_onnx_runtime_offers_int8_where_the_cpu_has_avx2():
+    has_avx2 = int8_unavailable(cpu_info()["isa"]) is None
+    assert engine("onnxruntime").reduced_precisions("llvm") == ((INT8,) if has_avx2 else ())
+    assert int8_unavailable(["sse4_2"]) == "this CPU has no AVX2 for int8 kernels"
+
+
+WEIGHT = np.random.default_rng(0).standard_normal((64, 32)).astype("float32")
+
+
+# fmt: off
+@I.ir_module
+class Dense:  # a matmul with a constant weight, as a model's layers are
+    @R.function
+    def main(x: R.Tensor((16, 64), "float32")):
+        with R.dataflow():
+            w = R.const(WEIGHT)
+            d = R.nn.relu(R.matmul(x, w))
+            R.output(d)
+        return d
+# fmt: on
+
+
+@pytest.mark.skipif(int8_unavailable(cpu_info()["isa"]) is not None, reason=str(int8_unavailable(cpu_info()["isa"])))
+def test_onnx_runtime_computes_matmuls_with_constant_weights_in_int8():
+    backend = engine("onnxruntime")
+    func = DataflowGraph.from_module(Dense).func
+    arrays = runner.random_inputs(func)
+    expected = runner.run_reference(func, arrays)
+    errors = {}
+    for precision in (FLOAT32, INT8):
+        kernel, reason = runner.compile_kernel(backend, func, "onnxruntime.fused", "llvm", 1, precision=precision)
+        assert reason is None
+        errors[precision] = runner.relative_error(runner.run_kernel(kernel, func, arrays), expected)
+    # Weights and inputs rounded to 8 bits: about a percent off, far from float32's noise.
+    assert errors[FLOAT32] < 1e-5 < 1e-3 < errors[INT8] < 5e-2, errors
+    nothing_to_quantize = DataflowGraph.from_module(WithUnknownOp)  # its matmul's weight is an input
+    (matmul_relu,) = [c for c in generate(nothing_to_quantize, [backend]) if c.subgraph.nodes == {0, 1}]
+    _, reason = runner.compile_kernel(backend, matmul_relu.subgraph.extract(), "onnxruntime.fused", "llvm", 1, precision=INT8)
+    assert reason == "unsupported: int8: no matmul with a constant weight to quantize"
 
 
 @pytest.mark.parametrize("name, target", ENGINES)

@@ -189,3 +189,18 @@ def test_calibration_sets_replace_the_second_draw_and_bad_ones_are_named(tmp_pat
             optimize(FINE, tmp_path / "c.sqlite", accuracy=1e-2, calibration=bad)
     with pytest.raises(collage.OptimizeError, match="calibration inputs serve an accuracy budget"):
         optimize(FINE, tmp_path / "c.sqlite", calibration=[(x, w)])
+
+
+def test_where_the_cpu_has_no_bfloat16_the_report_says_so_and_what_is_offered(tmp_path, monkeypatch):
+    import collage.api
+
+    monkeypatch.setattr(collage.api, "cpu_info", lambda: {"isa": ["avx2", "fma"]})  # a Zen 3's
+    opt = collage.optimize(Unary, backends=["tvm", "onnxruntime"], cost_log=tmp_path / "c.sqlite", timing=FAST,
+                           progress=False, accuracy=1e-2)  # fmt: skip
+    offered = "onnxruntime in int8" if default_backends()["onnxruntime"].reduced_precisions("llvm") else None
+    if offered:
+        assert f"no bfloat16: this CPU has neither AVX512_BF16 nor AMX (flags: avx2 fma); offered: {offered}" in opt.report()
+    else:
+        assert "no backend here computes in a reduced precision: this CPU has neither AVX512_BF16" in opt.report()
+    x, w = inputs()
+    assert relative_error([opt(x, w)], [run_unoptimized(Unary, x, w)]) <= 1e-2

@@ -6,12 +6,15 @@ With one, a backend that declares reduced precisions (``Backend.precisions``) of
 its candidates in them too; the budget then decides, by measurement, which are kept
 (``placing.finalists``). bfloat16 is offered only where the CPU computes it natively
 (AVX512_BF16 or AMX): elsewhere a library converts it in software, slower than float32.
+int8 (weights quantized ahead, activations at run time) is offered where the CPU has
+integer dot products libraries use (AVX2; VNNI makes them faster).
 """
 
 from __future__ import annotations
 
 FLOAT32 = "float32"
 BFLOAT16 = "bfloat16"
+INT8 = "int8"
 # The CPU flags (as /proc/cpuinfo spells them) under which bfloat16 is native.
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -24,11 +27,16 @@ def bf16_unavailable(isa: list[str] | tuple[str, ...]) -> str | None:
     return f"this CPU has neither AVX512_BF16 nor AMX (flags: {' '.join(isa) or 'none of note'})"
 
 
+def int8_unavailable(isa: list[str] | tuple[str, ...]) -> str | None:
+    """Why this CPU has no integer dot products a library's int8 kernels use, or None."""
+    return None if "avx2" in isa else "this CPU has no AVX2 for int8 kernels"
+
+
 def reduced(partitions) -> bool:
     """Whether any of ``partitions`` (``placement.Partition``) computes in a reduced precision."""
     return any(p.candidate.precision != FLOAT32 for p in partitions)
 
 
 def short(precision: str) -> str:
-    """The short name reports use: f32, bf16."""
+    """The short name reports use: f32, bf16, int8."""
     return {FLOAT32: "f32", BFLOAT16: "bf16"}.get(precision, precision)
