@@ -12,7 +12,7 @@ Runtime's default, one per physical core).
 Precision: with an accuracy budget, int8 too, where the CPU has AVX2: ONNX Runtime's dynamic
 quantization (``onnxruntime.quantization.quantize_dynamic``) stores the constant weights of
 matmuls in int8 and quantizes their inputs at run time (its integer GEMMs use VNNI where the
-CPU has it). Convolutions stay float32: quantized (ConvInteger) they ran ResNet 6.5x slower
+CPU has it). Convolutions stay float32: quantized (ConvInteger) they ran the corpus's ResNet 6.5x slower
 here (3.77 against 0.58 ms, 2 threads, Xeon with AMX), and 13.6% off. ELECTRA ran 1.45x
 faster in int8 (0.75 against 1.08 ms), 1.4% off: a budget decides, by measurement.
 onnxruntime is imported only to compile, so this file loads where it is not installed and
