@@ -20,6 +20,7 @@ the backend is excluded with that reason (``Backend.unavailable_reason``).
 """
 
 import contextlib
+import functools
 import logging
 import tempfile
 from pathlib import Path
@@ -78,6 +79,8 @@ def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool 
 
     def kernel(*tensors):
         session.run_with_iobinding(bindings.get(tensors))
+
+    kernel.bound = lambda tensors: functools.partial(session.run_with_iobinding, bindings.get(tensors))
 
     kernel.session = session  # its settings are what tests and reports read
     return kernel

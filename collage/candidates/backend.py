@@ -55,7 +55,10 @@ class Kernel(Protocol):
     """A compiled candidate, destination-passing style: ``kernel(*inputs, *outputs)``.
 
     Arguments are DLPack-capable tensors (tvm.runtime.Tensor); outputs are preallocated by
-    the caller and written in place, so no tensor is copied at the boundary.
+    the caller and written in place, so no tensor is copied at the boundary. A kernel that
+    binds its buffers (``BoundBuffers``) may also have ``bound(tensors)``: a call with no
+    arguments that runs it on those very tensors, for a caller that runs the same buffers
+    again and again (``assembling.assemble.bound_main``), with nothing looked up per call.
     """
 
     def __call__(self, *tensors) -> None: ...
