@@ -174,6 +174,7 @@ def optimize_with(
         record.left_out["torch's ONNX export"] = no_file
     stage("preparing")
     model = prepare_model(config, mod, backends, cost_log, params, onnx_model, calibration)
+    record.calibration_sets = len(model.calibration)
     original, prepared, usable, backend_set, log = model.original, model.prepared, model.usable, model.backends, model.log
     arrays = model.arrays
     record.simplify_failed = model.simplify_failed

@@ -91,6 +91,7 @@ class RunRecord:
     seed: int = 0
     objective: Objective = Objective()
     accuracy: float | None = None  # the user's budget: largest error relative to each output's largest magnitude
+    calibration_sets: int = 0  # the user's input sets the budget was held on, instead of a second draw
     precision_note: str | None = None  # why the budget changed nothing, where it could not
     simplify_failed: str | None = None  # why the model was placed as given, unsimplified
     unplaced: str | None = None  # why nothing could be placed (TVM then runs the model)

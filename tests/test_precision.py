@@ -57,6 +57,7 @@ def test_reduced_candidates_are_measured_logged_by_precision_and_checked_within_
     assert relative_error([opt(x, w)], [run_unoptimized(Unary, x, w)]) <= 1e-2
     kept = opt.record.finalists[opt.record.chosen]
     assert kept.error is not None and kept.error <= 1e-2 and "accuracy budget 0.01" in opt.report()
+    assert "(largest over the seeded inputs and a second draw)" in opt.report()
 
 
 def test_a_reduced_precision_too_coarse_for_the_budget_is_rejected_with_its_measured_error(tmp_path):
@@ -181,6 +182,7 @@ def test_calibration_sets_replace_the_second_draw_and_bad_ones_are_named(tmp_pat
         np.testing.assert_allclose(expected[0], run_unoptimized(Unary, *given), rtol=1e-5)
     opt = optimize(FINE, tmp_path / "c.sqlite", accuracy=1e-2, calibration=[(x, w)])
     assert relative_error([opt(x, w)], [run_unoptimized(Unary, x, w)]) <= 1e-2
+    assert "(largest over the seeded inputs and 1 calibration set)" in opt.report()
     for bad, words in (([(x,)], "calibration set 0: 1 arrays, but main takes 2 inputs"),
                        ([{"x": x}], "calibration set 0: inputs are x, w; missing: w"),
                        ([(x, w), {"x": x, "v": w}], "calibration set 1: inputs are x, w; unknown: v"),

@@ -152,7 +152,7 @@ def format_report(opt) -> str:
         kept = r.finalists.get(r.chosen)
         error = f"the kept module's error is {kept.error:.3g}" if kept is not None and kept.error is not None else ""
         lines.append(f"accuracy budget {r.accuracy:g} of each output's largest magnitude: {error or 'not measured'}"
-                     " (largest over the seeded inputs and a second draw)")  # fmt: skip
+                     f" (largest over the seeded inputs and {_budget_sets(r.calibration_sets)})")  # fmt: skip
         if r.precision_note:
             lines.append(f"  {r.precision_note}")
     if len(r.finalists) > 1:
@@ -221,6 +221,12 @@ def _choice_rule(r: RunRecord) -> str:
     if r.objective.is_time:
         return "the fastest is kept; of those within noise, the simplest"
     return f"the best for {r.objective} is kept; of those within noise, the simplest"
+
+
+def _budget_sets(calibration_sets: int) -> str:
+    if not calibration_sets:
+        return "a second draw"
+    return f"{calibration_sets} calibration set{'s' if calibration_sets > 1 else ''}"
 
 
 def precision_text(partition) -> str:
