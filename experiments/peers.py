@@ -96,11 +96,6 @@ def _tvm_outputs(out) -> list[np.ndarray]:
     return [out.numpy()] if hasattr(out, "numpy") else [t.numpy() for t in out]
 
 
-def _as_list(out) -> list[np.ndarray]:
-    """``OptimizedModule``'s numpy result, one array or a tuple, as a list."""
-    return list(out) if isinstance(out, tuple) else [out]
-
-
 def _torch_outputs(out) -> list[np.ndarray]:
     return [t.numpy() for t in (out if isinstance(out, (tuple, list)) else (out,))]
 
@@ -231,7 +226,7 @@ def prepare_collage(w: Workload, threads: int, accuracy: float | None = None) ->
         "chosen": str(opt.record.chosen),
         "finalists_ms": {str(name): round(f.measured.median_ms, 4) for name, f in opt.record.finalists.items()},
     }
-    return Runner(opt.bind(*inputs), _tvm_outputs, info, outputs_on=lambda arrays: _as_list(opt(*arrays)))
+    return Runner(opt.bind(*inputs), _tvm_outputs, info, outputs_on=lambda arrays: _tvm_outputs(opt.main(*[tvm.runtime.tensor(a) for a in arrays])))
 
 
 PEERS: dict[str, PrepareFn] = {

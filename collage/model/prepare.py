@@ -124,6 +124,7 @@ def checked_calibration(main: relax.Function, sets: Iterable | None) -> list[lis
         checked.append(given)
     return checked
 
+
 def onnx_proto(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
     """An ONNX model given as itself or as its file."""
     return model if isinstance(model, onnx.ModelProto) else onnx.load(model)
