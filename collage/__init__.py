@@ -5,6 +5,7 @@ from collage.errors import OptimizeError  # noqa: F401
 from collage.deploying.optimized import OptimizedModule  # noqa: F401
 from collage.candidates.backend import GRAPH_LEVEL, OP_LEVEL, Backend, list_backends, register_backend  # noqa: F401
 from collage.measuring.cost_log import CostLog  # noqa: F401
+from collage.measuring.rpc_runner import FleetError, RPCRunner  # noqa: F401
 from collage.deploying.exported import ExportError, ExportedModule, load  # noqa: F401
 from collage.model.frontend import ModelImportError, load_onnx  # noqa: F401
 from collage.candidates.pattern import Pattern, PatternRule  # noqa: F401

@@ -102,7 +102,9 @@ def optimize(
     Every backend runs on ``threads`` threads (default: the cores this process may use).
     Candidates are measured on ``runner`` (``collage.measuring.isolation``): by default in a worker
     process, so a library that crashes or hangs on one candidate costs that candidate only;
-    ``isolation.InProcess()`` measures here, without that safety.
+    ``isolation.InProcess()`` measures here, without that safety; ``collage.RPCRunner(tracker,
+    key)`` on every measuring server (``collage serve``) registered under ``key`` with a TVM
+    RPC tracker, several candidates at once, with costs logged under the servers' device.
     ``simplify`` runs ``collage.simplify`` first. ``graph_level`` then refines the op-level
     placement by an evolutionary search over what to hand to an inference engine, measuring
     each placement end to end, for ``budget_s`` seconds or until the best has not improved for

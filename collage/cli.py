@@ -9,6 +9,10 @@ the backends, look into the cost log.
     collage run DIR                      (a module written by --export: nothing measured or compiled)
     collage backends
     collage log stats | show | clear
+    collage serve --tracker HOST:PORT --key KEY [--threads N]   (a measuring server of a fleet)
+
+``collage optimize --tracker HOST:PORT --key KEY`` measures on the servers registered under
+KEY with that TVM RPC tracker instead of here (docs/fleet.md).
 
 Libraries' own output (TVM's C++ log, Python warnings) is kept off the terminal unless
 ``--verbose`` is given.
@@ -128,7 +132,20 @@ def parser() -> argparse.ArgumentParser:
         "--in-process", action="store_true",
         help="measure candidates in this process: no worker to start, but a library that crashes ends the run",
     )  # fmt: skip
+    opt.add_argument("--tracker", metavar="HOST:PORT", help="measure on the servers of a TVM RPC tracker (with --key)")
+    opt.add_argument("--key", help="the device key the measuring servers registered under (`collage serve --key`)")
     opt.set_defaults(run=optimize_command)
+
+    serve = commands.add_parser(
+        "serve", help="measure candidates for optimizations on other machines: a server registered with a TVM RPC tracker"
+    )
+    serve.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the TVM RPC tracker to register with")
+    serve.add_argument("--key", required=True, help="the device key clients ask the tracker for (one per device kind)")
+    serve.add_argument("--threads", type=_positive, metavar="N", help="threads to measure on (default: all cores)")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_positive, default=9091, help="the first port to try (default 9091)")
+    serve.add_argument("--target", choices=TARGETS, default="llvm", help="what it measures for (default llvm)")
+    serve.set_defaults(run=serve_command)
 
     run = commands.add_parser(
         "run",
@@ -199,9 +216,19 @@ def optimize_command(args) -> int:
     from .deploying.saved import save_placement
 
     backends, shapes, extra = _backends(args.backends), _shapes(args.shape), _graph_level(args) | _substitutions(args)
+    if (args.tracker is None) != (args.key is None):
+        raise UsageError("--tracker and --key go together: the tracker, and the key its measuring servers registered under")
+    if args.tracker is not None and args.in_process:
+        raise UsageError("--in-process measures here; --tracker on the servers of a tracker: give one of them")
+    if args.tracker is not None:
+        from .measuring.rpc_runner import RPCRunner
+
+        runner = RPCRunner(args.tracker, args.key, target=args.target)
+    else:
+        runner = InProcess() if args.in_process else None
     config = Config(
         target=args.target, threads=args.threads or 0, seed=args.seed, simplify=args.simplify,
-        progress=not args.quiet, runner=InProcess() if args.in_process else None, accuracy=args.accuracy, **extra,
+        progress=not args.quiet, runner=runner, accuracy=args.accuracy, **extra,
     )  # fmt: skip
     _check_picture(args.draw)  # before the minutes of optimizing, not after
     mod = load_onnx(args.model, shapes)
@@ -214,6 +241,16 @@ def optimize_command(args) -> int:
         print(f"module exported to {opt.export(args.export)}")
     if args.draw is not None:
         _draw(opt, args.draw)
+    return EXIT_OK
+
+
+def serve_command(args) -> int:
+    from .measuring.rpc_runner import parse_address
+    from .measuring.server import serve
+    from .measuring.threads import default_threads
+
+    serve(parse_address(args.tracker), args.key, args.threads or default_threads(), args.host, args.port,
+          target=args.target)  # fmt: skip
     return EXIT_OK
 
 

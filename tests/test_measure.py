@@ -11,7 +11,7 @@ from collage.measuring.cost import Cost
 from collage.config import Config
 from collage.measuring.cost_log import CostLog
 from collage.model.graph import DataflowGraph
-from collage.measuring.isolation import InProcess, WorkerProcess
+from collage.measuring.isolation import InProcess, MeasureTask, WorkerProcess
 from collage.measuring.measure import Measurer
 from collage.measuring.timing import Protocol, Timing, time_call, time_contenders
 from collage.measuring.transition import measure_transition
@@ -179,10 +179,10 @@ def test_candidates_run_on_the_values_the_model_computes_with_no_reference_compi
     m.measure_all(candidates, progress=False)
     (x,) = random_inputs(graph.func, m.seed)
     relu = next(c for c in candidates if c.backend == "numpy" and c.subgraph.nodes == {1}).subgraph.extract()
-    relu = next(t for t in recording.tasks if t.backend == NUMPY and tvm_ffi.structural_equal(t.func, relu, map_free_vars=True))
+    relu = next(t for t in recording.tasks if isinstance(t, MeasureTask) and t.backend == NUMPY and tvm_ffi.structural_equal(t.func, relu, map_free_vars=True))
     np.testing.assert_allclose(relu.inputs[0], np.exp(x), rtol=1e-6)  # exp's output, as in the model
     np.testing.assert_allclose(relu.reference[0], np.exp(x), rtol=1e-6)  # relu of positive values
-    assert all(t.reference is None for t in recording.tasks if t.backend.name == "tvm")  # TVM is the reference
+    assert all(t.reference is None for t in recording.tasks if isinstance(t, MeasureTask) and t.backend.name == "tvm")  # TVM is the reference
     assert all(m.cost(c).is_valid for c in candidates if c.backend != "wrong")
     assert all(m.cost(c).reason.startswith("wrong result") for c in candidates if c.backend == "wrong")
 

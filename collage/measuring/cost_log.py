@@ -110,13 +110,14 @@ class LogKey:
     pattern: str
 
     @classmethod
-    def of(cls, candidate, backend, device: Device, precision: str = "float32") -> LogKey:
-        """The key for measuring ``candidate`` on ``backend`` (its ``Backend`` record)."""
+    def of(cls, candidate, backend, device: Device, precision: str = "float32", library: str | None = None) -> LogKey:
+        """The key for measuring ``candidate`` on ``backend`` (its ``Backend`` record), with
+        ``library`` where it is measured (default: the backend's here)."""
         if candidate.backend != backend.name:
             raise ValueError(f"candidate of backend {candidate.backend!r} keyed with backend {backend.name!r}")
         return cls(
             backend=backend.name,
-            library=backend.library,
+            library=backend.library if library is None else library,
             key=candidate.subgraph.structural_key,
             device=device.name,
             threads=device.threads,

@@ -7,12 +7,15 @@ A worker that dies or overruns is killed, its candidate becomes ``Cost.invalid(r
 signal, or the timeout, and the last line the worker wrote), and the next candidate gets a
 fresh worker.
 
-A ``MeasureRunner`` is one small interface, ``run(task) -> MeasureResult`` and
+A ``MeasureRunner`` is one small interface, ``run(task) -> MeasureResult``,
 ``run_batch(tasks)`` for candidates of a backend that compiles several at once
-(``Backend.compile_many``); ``InProcess`` and ``WorkerProcess`` implement it, and a runner on
-another machine (TVM's RPC tracker) would be a third. A ``MeasureTask`` travels as data: the sub-graph function as TVM's JSON text (weights
-as arrays beside it), the backend record (its functions pickled by reference to their
-modules), the reference outputs as arrays; never a compiled kernel.
+(``Backend.compile_many``), and ``run_all(works, on_result)`` for many of either, which a
+runner with several machines measures at once; ``InProcess`` and ``WorkerProcess``
+implement it one work after another, and ``rpc_runner.RPCRunner`` on a fleet of measuring
+servers. A ``MeasureTask`` travels to the worker as data: the sub-graph function as TVM's
+JSON text (weights as arrays beside it), the backend record (its functions pickled by
+reference to their modules), the reference outputs as arrays; never a compiled kernel. To
+another machine it travels without the backend record (``wire``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -41,6 +45,7 @@ from .runner import (compile_kernel, device_for, empty_outputs, first_line, mism
                      run_reference, synchronized, to_tensors)
 from .threads import pin_threads
 from .timing import Timing, time_call
+from .transition import TransitionTask
 
 # Long enough for the largest candidates of the zoo (an engine compiling a 150-op region takes
 # seconds, TVM compiling one large convolution without tuning about as long); a hang costs this.
@@ -130,15 +135,34 @@ class MeasureResult:
     timed_out: bool = False
 
 
+# What a runner measures: one candidate, a backend's transition, or a batch of candidates.
+Work = MeasureTask | TransitionTask | list[MeasureTask]
+
+
 class MeasureRunner(Protocol):
-    def run(self, task: MeasureTask) -> MeasureResult: ...
+    def run(self, task: MeasureTask | TransitionTask) -> MeasureResult: ...
 
     def run_batch(self, tasks: list[MeasureTask]) -> list[MeasureResult]: ...
 
+    def run_all(self, works: list[Work], on_result: Callable[[int, MeasureResult | list[MeasureResult]], None]) -> None:
+        """Measure every work, calling ``on_result(index, result)`` in the calling thread as
+        each is done (in any order)."""
+
+
+def in_turn(runner: MeasureRunner, works: list[Work], on_result) -> None:
+    """``run_all`` for a runner that measures one work at a time."""
+    for index, work in enumerate(works):
+        on_result(index, runner.run_batch(work) if isinstance(work, list) else runner.run(work))
+
 
 def measure(task: MeasureTask, kernel=None) -> MeasureResult:
-    """Compile (unless ``kernel`` is given), check and time one candidate, in whichever
-    process calls it; never raises."""
+    """Compile (unless ``kernel`` is given), check and time one candidate (or measure a
+    transition), in whichever process calls it; never raises."""
+    if isinstance(task, TransitionTask):
+        try:
+            return MeasureResult(task.measure())
+        except Exception as err:  # noqa: BLE001 -- a probe that fails costs the transition only
+            return MeasureResult(Cost.invalid(f"transition probe failed: {type(err).__name__}: {first_line(err)}"))
     backend, func = task.backend, task.func
     try:
         arrays = random_inputs(func, task.seed) if task.inputs is None else task.inputs
@@ -189,11 +213,14 @@ class InProcess:
     ends the optimization. For trusted backends, and for backends whose state must be seen by
     the caller."""
 
-    def run(self, task: MeasureTask) -> MeasureResult:
+    def run(self, task: MeasureTask | TransitionTask) -> MeasureResult:
         return measure(task)
 
     def run_batch(self, tasks: list[MeasureTask]) -> list[MeasureResult]:
         return measure_batch(tasks)
+
+    def run_all(self, works: list[Work], on_result) -> None:
+        in_turn(self, works, on_result)
 
 
 class WorkerProcess:
@@ -209,7 +236,7 @@ class WorkerProcess:
         self.started = 0  # how many worker processes were started (1 unless some died)
         self._proc: subprocess.Popen | None = None
 
-    def run(self, task: MeasureTask) -> MeasureResult:
+    def run(self, task: MeasureTask | TransitionTask) -> MeasureResult:
         try:
             return self._exchange(task)
         except _WorkerLost as lost:
@@ -223,6 +250,9 @@ class WorkerProcess:
         except _WorkerLost as lost:
             self._lost(lost)
             return [self.run(task) for task in tasks]
+
+    def run_all(self, works: list[Work], on_result) -> None:
+        in_turn(self, works, on_result)
 
     def _exchange(self, work):
         """``work`` (a task or a list of them) sent to the worker, and its answer; raises

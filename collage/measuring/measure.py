@@ -37,7 +37,7 @@ from .cost_log import CostLog, LogKey
 from .isolation import MeasureResult, MeasureTask, shared_worker
 from .meters import EnergyMeter
 from .runner import intermediate_values
-from .transition import measure_transition
+from .transition import TransitionTask
 
 TRANSITION = "transition"  # the pattern name of the transition-cost row in the log
 # Candidates compiled together (``Backend.compile_many``): large enough that setting up the
@@ -64,11 +64,15 @@ class Measurer:
     ):
         self.backends = backends
         self.target = config.target
-        self.device = Device.this_machine(config.threads, config.target)
         self.log = log if log is not None else CostLog()
         self.timing = config.timing
         self.accuracy = config.accuracy  # how closely a reduced-precision candidate must match
         self.seed = config.seed
+        # A runner on other machines (``rpc_runner``) measures on its fleet's device, with its
+        # libraries: costs are logged under them, never mixed with this machine's.
+        fleet = getattr(config.runner, "fleet", None)
+        self.device = fleet.device if fleet is not None else Device.this_machine(config.threads, config.target)
+        self.libraries = fleet.libraries if fleet is not None else {}
         self.runner = config.runner if config.runner is not None else shared_worker(self.device.threads)
         self.meter = meter  # with a meter, every cost has the energy of a call too
         self.measured = 0
@@ -103,20 +107,22 @@ class Measurer:
             key = self.transition_key(backend)
             cost = self.log.get(key)
             if cost is None:
-                measured = measure_transition(self.backends[backend], self.target, self.device.threads, self.timing)
-                cost = self.log.put(key, measured)
+                task = TransitionTask.of(self.backends[backend], self.target, self.device.threads, self.timing)
+                cost = self.log.put(key, self.runner.run(task).cost)
             # A backend that runs none of the probes has no measured transition: it is charged none.
             self._transitions[backend] = cost.value_ms if cost.is_valid else 0.0
         return self._transitions[backend]
 
     def key(self, candidate: Candidate) -> LogKey:
-        return LogKey.of(candidate, self.backends[candidate.backend], self.device, candidate.precision)
+        backend = self.backends[candidate.backend]
+        return LogKey.of(candidate, backend, self.device, candidate.precision, self.libraries.get(backend.name))
 
     def transition_key(self, backend: str) -> LogKey:
         """Where ``backend``'s transition cost is logged."""
         b = self.backends[backend]
         # The transition probes run in float32.
-        return LogKey(b.name, b.library, TRANSITION, self.device.name, self.device.threads, FLOAT32, TRANSITION)
+        library = self.libraries.get(b.name, b.library)
+        return LogKey(b.name, library, TRANSITION, self.device.name, self.device.threads, FLOAT32, TRANSITION)
 
     def missing(self, candidates: Iterable[Candidate]) -> list[Candidate]:
         """The distinct candidates with no logged cost, the reference backend first for each
@@ -169,24 +175,53 @@ class Measurer:
         for c in sorted(todo, key=lambda c: c.backend != REFERENCE_BACKEND):
             if in_batches(c):
                 batched.setdefault(c.backend, []).append(c)
-        # Whole-model candidates first: what they cost bounds the rest.
-        alone = sorted((c for c in todo if not in_batches(c)), key=lambda c: not _whole(c))
+        batches = [same[start : start + BATCH] for same in batched.values() for start in range(0, len(same), BATCH)]
+        alone = [c for c in todo if not in_batches(c)]
         with tqdm(total=len(todo), desc="measuring", unit="candidate", disable=not progress or not todo,
                   file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5) as bar:
-            for same_backend in batched.values():
-                for start in range(0, len(same_backend), BATCH):
-                    bar.update(len(self.measure_batch(same_backend[start : start + BATCH])))
-            bound = None
-            for c in alone:
-                if bound is None and not _whole(c):
-                    bound = SearchBound.of(candidates, self)
-                skip = bound.skip(c) if bound is not None else None
+            # Whole-model candidates first: what they cost bounds the rest.
+            self._measure_many(batches + [c for c in alone if _whole(c)], bar)
+            rest = [c for c in alone if not _whole(c)]
+            bound = SearchBound.of(candidates, self) if rest else None
+            measured = []
+            for c in rest:
+                skip = bound.skip(c)
                 if skip is None:
-                    self.cost(c)
-                else:
-                    self.skipped[self.key(c)] = skip.rule
-                    self._costs[self.key(c)] = Cost.invalid(skip.reason)
+                    measured.append(c)
+                    continue
+                self.skipped[self.key(c)] = skip.rule
+                self._costs[self.key(c)] = Cost.invalid(skip.reason)
                 bar.update()
+            self._measure_many(measured, bar)
+
+    def _measure_many(self, groups: list[Candidate | list[Candidate]], bar) -> None:
+        """Each candidate measured on the runner (a list of them: a batch, ``run_batch``), all
+        at once where the runner has several machines (``run_all``), each logged as its result
+        comes back."""
+        works, sent = [], []
+        for group in groups:
+            batch = group if isinstance(group, list) else [group]
+            pending = []
+            for c in batch:
+                task = self._task(c)
+                if isinstance(task, Cost):  # nothing to measure: the reason is the cost
+                    self._keep(c, task)
+                    bar.update()
+                else:
+                    pending.append((c, task))
+            if pending:
+                works.append([t for _, t in pending] if isinstance(group, list) else pending[0][1])
+                sent.append(pending)
+
+        def done(index: int, result) -> None:
+            results = result if isinstance(result, list) else [result]
+            for (c, task), r in zip(sent[index], results):
+                self._keep(c, self._result(task, r), r.timed_out)
+            bar.update(len(results))
+            if getattr(self.runner, "servers", None) is not None:
+                bar.set_postfix_str(f"{self.runner.servers} server(s)", refresh=False)
+
+        self.runner.run_all(works, done)
 
     def _lacks_energy(self, cost: Cost) -> bool:
         return self.meter is not None and cost.is_valid and cost.energy_mj is None
@@ -222,18 +257,6 @@ class Measurer:
             return task, False
         result = self.runner.run(task)
         return self._result(task, result), result.timed_out
-
-    def measure_batch(self, candidates: list[Candidate]) -> list[Cost]:
-        """Candidates of one backend measured together on the runner (``run_batch``), each
-        logged as ``cost`` logs it; never raises."""
-        tasks = [self._task(c) for c in candidates]
-        sent = [t for t in tasks if isinstance(t, MeasureTask)]
-        results = iter(self.runner.run_batch(sent) if sent else [])
-        kept = []
-        for c, t in zip(candidates, tasks):
-            result = None if isinstance(t, Cost) else next(results)
-            kept.append(self._keep(c, t, False) if result is None else self._keep(c, self._result(t, result), result.timed_out))
-        return kept
 
     def _task(self, candidate: Candidate) -> MeasureTask | Cost:
         """What the runner needs to measure ``candidate``, or why it cannot be measured."""

@@ -14,6 +14,8 @@ per round. ``tvm`` partitions are called by the VM directly: their transition is
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import tvm
 import tvm_ffi
@@ -54,21 +56,49 @@ def probes() -> list[relax.Function]:
     return [build((1, 32, 28, 28), conv), build((64, 256), matmul)]
 
 
-def measure_transition(backend, target: str, threads: int, timing: Timing) -> Cost:
-    """The transition into ``backend`` (a Backend record), in ms per boundary; invalid when it
-    runs none of the probes."""
-    for probe in probes():
-        graph = DataflowGraph(probe)
-        whole = [c for c in generate(graph, [backend]) if len(c.subgraph) == len(graph)]
-        for candidate in whole:
-            kernel, reason = compile_kernel(backend, candidate.subgraph.extract(), candidate.pattern, target, threads)
+@dataclass(frozen=True)
+class TransitionTask:
+    """Measuring ``backend``'s transition, as a runner's task (``isolation.MeasureRunner``),
+    so that it is measured where the candidates are. ``tries`` are the (probe index,
+    pattern) of the backend's candidates for a whole probe, in order: found where the
+    backend's patterns are (``of``), compiled and timed where it runs (``measure``)."""
+
+    backend: object  # its Backend record
+    target: str
+    threads: int
+    timing: Timing
+    tries: tuple[tuple[int, str], ...]
+
+    @classmethod
+    def of(cls, backend, target: str, threads: int, timing: Timing) -> TransitionTask:
+        tries = []
+        for k, probe in enumerate(probes()):
+            graph = DataflowGraph(probe)
+            tries += [(k, c.pattern) for c in generate(graph, [backend]) if len(c.subgraph) == len(graph)]
+        return cls(backend, target, threads, timing, tuple(tries))
+
+    def measure(self) -> Cost:
+        """The transition into the backend, in ms per boundary; invalid when it runs none of
+        the probes."""
+        from ..candidates.subgraph import SubGraph
+
+        every = probes()
+        for k, pattern in self.tries:
+            graph = DataflowGraph(every[k])
+            func = SubGraph(graph, frozenset(range(len(graph)))).extract()
+            kernel, reason = compile_kernel(self.backend, func, pattern, self.target, self.threads)
             if reason is not None:  # this probe is not for this backend; try the next
                 continue
             try:
-                return _measure(kernel, probe, target, timing)
+                return _measure(kernel, every[k], self.target, self.timing)
             except Exception as err:  # a backend that fails here pays no transition, never raises  # noqa: BLE001
                 return Cost.invalid(f"transition probe failed: {type(err).__name__}: {first_line(err)}")
-    return Cost.invalid(f"{backend.name} runs none of the transition probes")
+        return Cost.invalid(f"{self.backend.name} runs none of the transition probes")
+
+
+def measure_transition(backend, target: str, threads: int, timing: Timing) -> Cost:
+    """The transition into ``backend`` (a Backend record), in ms per boundary, measured here."""
+    return TransitionTask.of(backend, target, threads, timing).measure()
 
 
 def _measure(kernel, probe: relax.Function, target: str, timing: Timing) -> Cost:

@@ -1,0 +1,93 @@
+"""A measuring server: measures the candidates of optimizations running on other machines.
+
+``collage serve --tracker HOST:PORT --key KEY`` is TVM's RPC server (``tvm.rpc``) with two
+functions of collage's own, registered with TVM's RPC tracker under KEY as any TVM device
+is, so the tracker hands it to one client at a time (``rpc_runner.RPCRunner``):
+
+- ``collage.device(target)``: what it measures on, a ``wire.ServerDevice`` as JSON;
+- ``collage.measure(data)``: a task, transition or batch (``wire.encode``) measured as the
+  local runner measures it, in a worker process (``isolation.WorkerProcess``), so a library
+  that crashes or hangs costs one candidate; the results and the device, as bytes.
+
+TVM's server forks a process per client session; the session's worker is started on its
+first task and kept for the session (it imports every library: seconds). Nothing the
+server is sent is unpickled or run as code, but TVM's RPC protocol itself has no
+authentication and lets a client call any function registered in the server: run
+servers and the tracker inside a trusted network only (docs/fleet.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import tvm
+
+from ..candidates.backend import default_backends
+from .cost import Cost, Device
+from .isolation import MeasureResult, WorkerProcess
+from .runner import first_line
+from .wire import ServerDevice, count, decode, encode_results
+
+_worker: WorkerProcess | None = None  # this session's (each session is a process of its own)
+_address = "?"  # where this server listens, once it does (for its reports)
+
+
+def device_report(threads: int, target: str, address: str) -> ServerDevice:
+    """This machine as a measuring server of ``threads`` threads reports it for ``target``."""
+    libraries = {b.name: b.library for b in default_backends()}
+    return ServerDevice(Device.this_machine(threads, target).name, threads, libraries, address)
+
+
+def measure_remote(threads: int, data: bytes) -> bytes:
+    """``collage.measure``: never raises; a task it cannot read is measured as invalid."""
+    global _worker
+    address = _address
+    try:
+        work = decode(bytes(data), default_backends(), threads)
+    except Exception as err:  # noqa: BLE001 -- an unknown backend, no energy meter here: the candidate's cost
+        failed = MeasureResult(Cost.invalid(f"the measuring server at {address} cannot measure it: {first_line(err)}"))
+        n = count(data)
+        results, target = ([failed] * n if n is not None else failed), "llvm"
+    else:
+        _worker = _worker or WorkerProcess(threads)
+        results = _worker.run_batch(work) if isinstance(work, list) else _worker.run(work)
+        target = (work[0] if isinstance(work, list) else work).target
+    return encode_results(results, device_report(threads, target, address))
+
+
+def register(threads: int) -> None:
+    """Registers ``collage.device`` and ``collage.measure`` in this process (and so in every
+    session TVM's server forks from it)."""
+    tvm.register_global_func("collage.device", lambda target: device_report(threads, target, _address).to_json(),
+                             override=True)  # fmt: skip
+    tvm.register_global_func("collage.measure", functools.partial(measure_remote, threads), override=True)
+
+
+# How many ports above the first one a server tries, as TVM's own rpc_server does.
+PORTS = 100
+
+
+def serve(tracker: tuple[str, int], key: str, threads: int, host: str = "127.0.0.1", port: int = 9091,
+          target: str = "llvm") -> None:
+    """Serve until killed: TVM's RPC server on ``host`` (the first free port of ``PORTS`` from
+    ``port``), registered with the tracker at ``tracker`` under ``key``, measuring on
+    ``threads`` threads."""
+    from tvm.rpc.server import PopenRPCServerState
+
+    from .rpc_runner import FleetError, reachable
+
+    global _address
+    reachable(tracker)  # one line now, rather than TVM's minute of retries
+    register(threads)
+    # The server runs in this very process (not in a child, as ``tvm.rpc.Server`` does), so that
+    # stopping this process stops the server and what it measures.
+    try:
+        state = PopenRPCServerState(host, port, port + PORTS, tracker_addr=tracker, key=key, silent=True)
+    except (OSError, ValueError) as err:  # no free port, or not an address of this machine
+        raise FleetError(f"cannot listen on {host}, ports {port}-{port + PORTS - 1}: {err}") from None
+    _address = address = f"{host}:{state.port}"
+    report = device_report(threads, target, address)
+    print(f"collage: measuring on {report.device} at {address}, registered under key {key!r} with the tracker at "
+          f"{tracker[0]}:{tracker[1]}", file=sys.stderr, flush=True)  # fmt: skip
+    state.thread.join()

@@ -1,0 +1,185 @@
+"""Measuring tasks and their results as plain data, for a measuring server on another machine.
+
+What crosses the network is never pickled code: a server that unpickled what it was sent
+would run whatever a peer on the network wrote. A task travels as one JSON header (the
+backend *by name*, the pattern, target, threads, seed, timing, precision) and one ``.npz``
+archive of arrays, read back with ``allow_pickle=False``: the sub-graph function as TVM's
+JSON text with its weights lifted out as arrays (``isolation.weights_out``), the inputs and
+the reference outputs. The server looks the backend up among its own registered backends;
+one it lacks measures as invalid, with that reason. A result travels the same way: the
+cost's fields, and the reference outputs it found.
+
+Every answer of a server names the server: a ``ServerDevice``, its CPU (model and ISA
+flags), thread count and library versions. Costs are logged under its ``Device``, and
+servers of another kind than the fleet's are refused (``rpc_runner``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+
+from .cost import Cost, Device
+from .isolation import MeasureResult, MeasureTask, weights_in, weights_out
+from .timing import Timing
+from .transition import TransitionTask
+
+# Bumped when the layout changes: a server and a client of different layouts refuse each other.
+WIRE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ServerDevice:
+    """What a measuring server measures on: the ``Device`` name of its CPU (model, family
+    and model number, ISA flags), its thread count, its backends' library versions (name ->
+    ``Backend.library``), and where it listens (for messages)."""
+
+    name: str
+    threads: int
+    libraries: dict[str, str]
+    address: str
+    wire: int = WIRE_VERSION
+
+    @property
+    def device(self) -> Device:
+        return Device(self.name, self.threads)
+
+    def differs_from(self, other: ServerDevice) -> str | None:
+        """Why costs measured on ``self`` would not hold on ``other``, or None."""
+        if self.wire != other.wire:
+            return f"it speaks wire version {self.wire}, the fleet {other.wire}"
+        if self.name != other.name:
+            return f"its CPU is {self.name}, the fleet's {other.name}"
+        if self.threads != other.threads:
+            return f"it measures on {self.threads} thread(s), the fleet on {other.threads}"
+        changed = sorted(b for b in self.libraries.keys() | other.libraries.keys()
+                         if self.libraries.get(b) != other.libraries.get(b))  # fmt: skip
+        if changed:
+            b = changed[0]
+            return f"its {b} is {self.libraries.get(b, 'missing')}, the fleet's {other.libraries.get(b, 'missing')}"
+        return None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ServerDevice:
+        return cls(**json.loads(text))
+
+
+def encode(work: MeasureTask | TransitionTask | list[MeasureTask]) -> bytes:
+    """A task, a transition probe or a batch of tasks (``run_batch``) as bytes."""
+    arrays: dict[str, np.ndarray] = {}
+    if isinstance(work, list):
+        header = {"batch": [_task_header(task, f"{k}.", arrays) for k, task in enumerate(work)]}
+    elif isinstance(work, TransitionTask):
+        header = {"transition": {"backend": work.backend.name, "target": work.target, "tries": work.tries,
+                                 "timing": dataclasses.asdict(work.timing)}}  # fmt: skip
+    else:
+        header = {"task": _task_header(work, "", arrays)}
+    return _pack(header, arrays)
+
+
+def decode(data: bytes, backends, threads: int):
+    """What ``encode`` wrote, with backends looked up in ``backends`` (a BackendSet) and
+    measured on ``threads`` threads (the server's, whatever the client asked for). A backend
+    the set lacks raises ``KeyError`` naming it."""
+    header, arrays = _unpack(data)
+    if "batch" in header:
+        return [_task(h, arrays, backends, threads, f"{k}.") for k, h in enumerate(header["batch"])]
+    if "transition" in header:
+        t = header["transition"]
+        tries = tuple((k, pattern) for k, pattern in t["tries"])
+        return TransitionTask(backends[t["backend"]], t["target"], threads, Timing(**t["timing"]), tries)
+    return _task(header["task"], arrays, backends, threads)
+
+
+def count(data: bytes) -> int | None:
+    """How many tasks ``data`` (``encode``'s) holds: None for a single task or transition."""
+    try:
+        header, _ = _unpack(data)
+    except Exception:  # noqa: BLE001 -- not even the header can be read: one result answers it
+        return None
+    return len(header["batch"]) if "batch" in header else None
+
+
+def encode_results(results: MeasureResult | list[MeasureResult], server: ServerDevice) -> bytes:
+    """A result (or a batch's) and the server that measured it, as bytes."""
+    arrays: dict[str, np.ndarray] = {}
+    many = isinstance(results, list)
+    headers = [_result_header(r, f"{k}.", arrays) for k, r in enumerate(results if many else [results])]
+    return _pack({"results": headers, "batch": many, "server": dataclasses.asdict(server)}, arrays)
+
+
+def decode_results(data: bytes) -> tuple[MeasureResult | list[MeasureResult], ServerDevice]:
+    header, arrays = _unpack(data)
+    results = [_result(h, arrays, f"{k}.") for k, h in enumerate(header["results"])]
+    return (results if header["batch"] else results[0]), ServerDevice(**header["server"])
+
+
+# -- the parts
+
+
+def _task_header(task: MeasureTask, prefix: str, arrays: dict) -> dict:
+    lifted, weights = weights_out(task.func)
+    _put(arrays, prefix + "weight", weights)
+    _put(arrays, prefix + "input", task.inputs)
+    _put(arrays, prefix + "reference", task.reference)
+    return {
+        "backend": task.backend.name, "func": tvm.ir.save_json(lifted), "weights": len(weights),
+        "pattern": task.pattern, "target": task.target, "seed": task.seed, "timing": dataclasses.asdict(task.timing),
+        "inputs": None if task.inputs is None else len(task.inputs),
+        "reference": None if task.reference is None else len(task.reference),
+        "meter": task.meter is not None, "precision": task.precision, "rtol": task.rtol,
+    }  # fmt: skip
+
+
+def _task(h: dict, arrays: dict, backends, threads: int, prefix: str = "") -> MeasureTask:
+    func = weights_in(tvm.ir.load_json(h["func"]), _get(arrays, prefix + "weight", h["weights"]))
+    meter = None
+    if h["meter"]:
+        from .meters import energy_meter
+
+        meter = energy_meter(h["target"])  # this server's own; NoEnergyMeter says why not
+    return MeasureTask(backends[h["backend"]], func, h["pattern"], h["target"], threads, h["seed"], Timing(**h["timing"]),
+                       _get(arrays, prefix + "reference", h["reference"]), meter, _get(arrays, prefix + "input", h["inputs"]),
+                       h["precision"], h["rtol"])  # fmt: skip
+
+
+def _result_header(result: MeasureResult, prefix: str, arrays: dict) -> dict:
+    _put(arrays, prefix + "reference", result.reference)
+    fields = dataclasses.asdict(result.cost)
+    return {"cost": fields, "reference": None if result.reference is None else len(result.reference),
+            "timed_out": result.timed_out}  # fmt: skip
+
+
+def _result(h: dict, arrays: dict, prefix: str = "") -> MeasureResult:
+    return MeasureResult(Cost(**h["cost"]), _get(arrays, prefix + "reference", h["reference"]), h["timed_out"])
+
+
+def _put(arrays: dict, name: str, values) -> None:
+    for k, value in enumerate(values or ()):
+        arrays[f"{name}{k}"] = np.asarray(value)
+
+
+def _get(arrays: dict, name: str, count: int | None) -> list[np.ndarray] | None:
+    return None if count is None else [arrays[f"{name}{k}"] for k in range(count)]
+
+
+def _pack(header: dict, arrays: dict) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + buffer.getvalue()
+
+
+def _unpack(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    with np.load(io.BytesIO(data[8 + size :]), allow_pickle=False) as archive:
+        return header, {name: archive[name] for name in archive.files}
