@@ -223,3 +223,26 @@ def test_a_server_killed_mid_run_loses_nothing(tmp_path, tracker, fleet):
     again = collage.optimize(w.relax, cost_log=log, runner=runner, timing=FAST, progress=False, threads=1)
     assert again.record.measured == 0
     runner.close()
+
+
+def test_a_server_that_hangs_mid_work_has_its_work_taken_back(tracker, fleet):
+    key, servers = fleet
+    runner = RPCRunner(tracker, key, timeout_s=10)
+    stopped = threading.Event()
+
+    def stop_while_both_measure():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and runner.busy < 2:
+            time.sleep(0.002)
+        os.killpg(servers[0].pid, signal.SIGSTOP)
+        stopped.set()
+
+    stopper = threading.Thread(target=stop_while_both_measure)
+    stopper.start()
+    found = {}
+    works = [task(seed=k) for k in range(8)]
+    runner.run_all(works, found.__setitem__)
+    stopper.join()
+    assert stopped.is_set() and runner.lost == 1
+    assert sorted(found) == list(range(8)) and all(r.cost.is_valid for r in found.values())
+    runner.close()

@@ -37,7 +37,8 @@ from .wire import ServerDevice, decode_results, encode
 
 # A work may have been what killed its server; after this many servers lost on it, it fails.
 MAX_LOSSES = 2
-# Beyond the servers' own deadline per work (their worker's): the network, encoding, start-up.
+# Beyond the servers' own deadline per candidate (their worker's): the network, encoding, the
+# worker's start-up.
 GRACE_S = 120.0
 
 
@@ -85,14 +86,16 @@ class _Session:
 class RPCRunner:
     """Measures on the servers registered under ``key`` with the RPC tracker at ``tracker``
     ("HOST:PORT"), for ``target``. Each work gets ``timeout_s`` seconds on a server before
-    it is taken back; with no server answering for ``wait_s`` seconds, the rest fail.
+    it is taken back (a server gives each candidate ``TIMEOUT_S``; the rest is for the
+    network and the worker's start); with no server answering for ``wait_s`` seconds, the
+    rest fail.
 
     Made, it has asked one server for its device (``fleet``), so optimizations know where
     costs come from before measuring. ``servers`` counts the servers it holds now, ``lost``
     those that died or overran under it, ``refused`` the servers of another device kind
     (address -> why). ``close`` gives the servers back to the tracker."""
 
-    def __init__(self, tracker: str, key: str, target: str = "llvm", timeout_s: float = TIMEOUT_S,
+    def __init__(self, tracker: str, key: str, target: str = "llvm", timeout_s: float = TIMEOUT_S + GRACE_S,
                  wait_s: float = TIMEOUT_S):  # fmt: skip
         self.tracker, self.key, self.target = parse_address(tracker), key, target
         self.timeout_s, self.wait_s = timeout_s, wait_s
@@ -219,10 +222,10 @@ class RPCRunner:
                     now = time.monotonic()
                     with self._lock:
                         for me, (index, since) in list(in_flight.items()):
-                            if now - since > self.timeout_s + GRACE_S:  # the server hangs: take the work back
+                            if now - since > self.timeout_s:  # the server hangs: take the work back
                                 abandoned.add(me)
                                 del in_flight[me]
-                                lose(index, f"no answer in {self.timeout_s + GRACE_S:g} s")
+                                lose(index, f"no answer in {self.timeout_s:g} s")
                                 start_dispatcher()
                         idle_fleet = not in_flight and pending and now - last_answer > self.wait_s
                         if idle_fleet:
