@@ -22,7 +22,7 @@ from collage.measuring.rpc_runner import FleetError, RPCRunner
 from collage.measuring.server import measure_remote
 from collage.measuring.timing import Timing
 from collage.measuring.transition import TransitionTask
-from collage.measuring.wire import ServerDevice, decode, decode_results, encode, encode_results
+from collage.measuring.wire import Answer, ServerDevice, decode, decode_results, encode, encode_results
 from collage.candidates.backend import default_backends
 from experiments import models
 from tests.backends_for_tests import NUMPY
@@ -136,15 +136,15 @@ def test_a_task_travels_as_json_and_arrays_with_its_backend_by_name():
 def test_results_travel_with_the_device_that_measured_them():
     server = ServerDevice("Some CPU (family 6 model 1; avx2)", 2, {"tvm": "Apache TVM 0.27"}, "10.0.0.1:9091")
     results = [MeasureResult(Cost.of(1.5, 0.1, 5), [np.ones(3, "float32")]), MeasureResult(Cost.invalid("no"), timed_out=True)]
-    got, device = decode_results(encode_results(results, server))
-    assert device == server and device.device == Device("Some CPU (family 6 model 1; avx2)", 2)
+    got, device, seconds = decode_results(encode_results(Answer(results, server, 1.25)))
+    assert device == server and seconds == 1.25 and device.device == Device("Some CPU (family 6 model 1; avx2)", 2)
     assert got[0].cost == results[0].cost and got[1].cost == results[1].cost and got[1].timed_out
     np.testing.assert_array_equal(got[0].reference[0], np.ones(3))
 
 
 def test_a_server_measures_what_it_lacks_as_invalid_with_the_reason():
     data = bytes(measure_remote(1, encode([task(NUMPY)] * 2)))
-    results, device = decode_results(data)
+    results, device, _ = decode_results(data)
     assert len(results) == 2 and all(r.cost.is_invalid for r in results)
     assert "cannot measure it" in results[0].cost.reason and "numpy" in results[0].cost.reason
     assert device.threads == 1 and device.name == Device.this_machine(1).name

@@ -108,7 +108,7 @@ def test_a_library_that_compiles_several_at_once_gets_its_candidates_in_batches(
     candidates = generate(graph, m.backends)
     m.measure_all(candidates, progress=False)
     together = [c for c in candidates if c.backend == "together"]
-    assert backends_for_tests.BATCHES == [4, len(together) - 4]  # three ops: six chains, in 4 + 2
+    assert backends_for_tests.BATCHES == [3, 3] and len(together) == 6  # six chains, in even batches of at most 4
     assert all(m.cost(c).is_valid for c in candidates) and m.measured == len(candidates)
     # TVM compiles its own candidates in one module; a kernel from it is the same kernel.
     whole = next(c for c in candidates if c.backend == "tvm" and len(c.subgraph) == 3)
@@ -144,6 +144,16 @@ def test_candidates_no_winning_placement_would_use_are_not_measured_nor_logged(t
     assert len(m.skipped) == len(numpy) == 5 and set(m.skipped.values()) <= {TVM_CHEAPER, WHOLE_MODEL_FASTER}
     assert all(m.cost(c).reason.startswith("not measured: TVM runs these ops in ") for c in numpy)
     assert len(m.log.rows("numpy")) == 1 and m.measured == len(candidates) - len(numpy)
+
+
+def test_a_runner_of_several_servers_gets_a_batch_for_each(tmp_path):
+    class FourServers(InProcess):
+        servers = 4  # as RPCRunner says how many it holds
+
+    backends_for_tests.BATCHES.clear()
+    m = measurer(tmp_path, TOGETHER, runner=FourServers())
+    m.measure_all(generate(DataflowGraph.from_module(Unary), m.backends), progress=False)
+    assert backends_for_tests.BATCHES == [2, 2, 2]  # six chains for four servers: even batches, one each but one
 
 
 class Recording(InProcess):

@@ -273,9 +273,21 @@ class WorkerProcess:
         self._proc.wait()
         self._proc = None
 
+    def start(self) -> None:
+        """Start the worker now, without waiting for it (it imports every library: seconds),
+        so that its start-up overlaps other work; the first task waits for it to be ready."""
+        if self._proc is None:
+            self._spawn()
+
     def _start(self) -> None:
-        if self._proc is not None:
-            return
+        self.start()
+        if not self._ready:
+            # The worker says when it is ready, so its start-up (importing the libraries,
+            # seconds) does not count against the first task's time.
+            _read(self._from_worker, time.monotonic() + max(self.timeout_s, STARTUP_S))
+            self._ready = True
+
+    def _spawn(self) -> None:
         task_read, task_write = os.pipe()
         result_read, result_write = os.pipe()
         self._output = tempfile.TemporaryFile()
@@ -293,9 +305,7 @@ class WorkerProcess:
         self._to_worker = os.fdopen(task_write, "wb")
         self._from_worker = os.fdopen(result_read, "rb")
         self.started += 1
-        # The worker says when it is ready, so its start-up (importing the libraries, seconds)
-        # does not count against the first task's time.
-        _read(self._from_worker, time.monotonic() + max(self.timeout_s, STARTUP_S))
+        self._ready = False
 
     def _lost(self, lost: _WorkerLost) -> str:
         """Why the worker is gone (it is killed if it still runs), with its last words."""

@@ -175,7 +175,7 @@ class Measurer:
         for c in sorted(todo, key=lambda c: c.backend != REFERENCE_BACKEND):
             if in_batches(c):
                 batched.setdefault(c.backend, []).append(c)
-        batches = [same[start : start + BATCH] for same in batched.values() for start in range(0, len(same), BATCH)]
+        batches = [batch for same in batched.values() for batch in self._batches(same)]
         alone = [c for c in todo if not in_batches(c)]
         with tqdm(total=len(todo), desc="measuring", unit="candidate", disable=not progress or not todo,
                   file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5) as bar:
@@ -193,6 +193,14 @@ class Measurer:
                 self._costs[self.key(c)] = Cost.invalid(skip.reason)
                 bar.update()
             self._measure_many(measured, bar)
+
+    def _batches(self, candidates: list[Candidate]) -> list[list[Candidate]]:
+        """``candidates`` in batches of at most ``BATCH``, and at least one per server of the
+        runner (``RPCRunner.servers``) while there are candidates for it, of even sizes."""
+        servers = getattr(self.runner, "servers", 1)
+        count = max(math.ceil(len(candidates) / BATCH), min(servers, len(candidates)))
+        size = math.ceil(len(candidates) / count)
+        return [candidates[start : start + size] for start in range(0, len(candidates), size)]
 
     def _measure_many(self, groups: list[Candidate | list[Candidate]], bar) -> None:
         """Each candidate measured on the runner (a list of them: a batch, ``run_batch``), all

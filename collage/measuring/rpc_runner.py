@@ -33,7 +33,7 @@ from ..errors import OptimizeError
 from .cost import Cost
 from .isolation import TIMEOUT_S, MeasureResult, Work
 from .runner import first_line
-from .wire import ServerDevice, decode_results, encode
+from .wire import Answer, ServerDevice, decode_results, encode
 
 # A work may have been what killed its server; after this many servers lost on it, it fails.
 MAX_LOSSES = 2
@@ -78,9 +78,10 @@ class _Session:
         except Exception:  # noqa: BLE001 -- the connection is gone
             return False
 
-    def measure(self, work: Work) -> MeasureResult | list[MeasureResult]:
-        results, self.device = decode_results(bytes(self.rpc.get_function("collage.measure")(encode(work))))
-        return results
+    def measure(self, work: Work) -> Answer:
+        answer = decode_results(bytes(self.rpc.get_function("collage.measure")(encode(work))))
+        self.device = answer.server
+        return answer
 
 
 class RPCRunner:
@@ -93,7 +94,9 @@ class RPCRunner:
     Made, it has asked one server for its device (``fleet``), so optimizations know where
     costs come from before measuring. ``servers`` counts the servers it holds now, ``lost``
     those that died or overran under it, ``refused`` the servers of another device kind
-    (address -> why). ``close`` gives the servers back to the tracker."""
+    (address -> why), ``work_seconds`` what each work measured took: (``run_all`` call,
+    seconds from sending it to its answer, seconds the server spent on it). ``close`` gives
+    the servers back to the tracker."""
 
     def __init__(self, tracker: str, key: str, target: str = "llvm", timeout_s: float = TIMEOUT_S + GRACE_S,
                  wait_s: float = TIMEOUT_S):  # fmt: skip
@@ -101,6 +104,8 @@ class RPCRunner:
         self.timeout_s, self.wait_s = timeout_s, wait_s
         self.refused: dict[str, str] = {}
         self.lost = 0
+        self.work_seconds: list[tuple[int, float, float]] = []
+        self._calls = 0
         self._idle: list[_Session] = []  # held, waiting for work
         self._held_refused: list[_Session] = []  # held so the tracker does not hand them out again
         self._lock = threading.Lock()
@@ -152,6 +157,8 @@ class RPCRunner:
         """Every work measured on the fleet, as many at once as there are servers."""
         if not works:
             return
+        self._calls += 1
+        call = self._calls
         pending = collections.deque(range(len(works)))
         losses: collections.Counter[int] = collections.Counter()
         in_flight: dict[int, tuple[int, float]] = {}  # dispatcher id -> (work, started)
@@ -185,8 +192,9 @@ class RPCRunner:
                         return
                     index = pending.popleft()
                     in_flight[me] = (index, time.monotonic())
+                sent = time.perf_counter()
                 try:
-                    result = session.measure(works[index])
+                    answer = session.measure(works[index])
                 except Exception as err:  # noqa: BLE001 -- the connection broke: the server is gone
                     with self._lock:
                         self._busy -= 1
@@ -201,9 +209,13 @@ class RPCRunner:
                         self._busy -= 1
                         return
                     in_flight.pop(me)
-                results.put((index, result))
+                    self.work_seconds.append((call, time.perf_counter() - sent, answer.seconds))
+                results.put((index, answer.results))
 
-        dispatchers = max(1, min(len(works), max(len(self._idle), self.registered())))
+        # One dispatcher per server: those held, and (asking the tracker takes ~90 ms) the
+        # others registered under the key when there is work for more.
+        held = len(self._idle)
+        dispatchers = max(1, min(len(works), held if len(works) <= held else max(held, self.registered())))
         started = [0]
 
         def start_dispatcher() -> None:

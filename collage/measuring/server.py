@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 
 import tvm
 
@@ -27,7 +28,7 @@ from ..candidates.backend import default_backends
 from .cost import Cost, Device
 from .isolation import MeasureResult, WorkerProcess
 from .runner import first_line
-from .wire import ServerDevice, count, decode, encode_results
+from .wire import Answer, ServerDevice, count, decode, encode_results
 
 _worker: WorkerProcess | None = None  # this session's (each session is a process of its own)
 _address = "?"  # where this server listens, once it does (for its reports)
@@ -41,8 +42,7 @@ def device_report(threads: int, target: str, address: str) -> ServerDevice:
 
 def measure_remote(threads: int, data: bytes) -> bytes:
     """``collage.measure``: never raises; a task it cannot read is measured as invalid."""
-    global _worker
-    address = _address
+    address, started = _address, time.perf_counter()
     try:
         work = decode(bytes(data), default_backends(), threads)
     except Exception as err:  # noqa: BLE001 -- an unknown backend, no energy meter here: the candidate's cost
@@ -50,17 +50,30 @@ def measure_remote(threads: int, data: bytes) -> bytes:
         n = count(data)
         results, target = ([failed] * n if n is not None else failed), "llvm"
     else:
-        _worker = _worker or WorkerProcess(threads)
-        results = _worker.run_batch(work) if isinstance(work, list) else _worker.run(work)
+        worker = session_worker(threads)
+        results = worker.run_batch(work) if isinstance(work, list) else worker.run(work)
         target = (work[0] if isinstance(work, list) else work).target
-    return encode_results(results, device_report(threads, target, address))
+    return encode_results(Answer(results, device_report(threads, target, address), time.perf_counter() - started))
+
+
+def device_json(threads: int, target: str) -> str:
+    """``collage.device``: a client's first call in its session, so the session's worker is
+    started here, to start up while the client prepares the model."""
+    session_worker(threads).start()
+    return device_report(threads, target, _address).to_json()
+
+
+def session_worker(threads: int) -> WorkerProcess:
+    global _worker
+    if _worker is None:
+        _worker = WorkerProcess(threads)
+    return _worker
 
 
 def register(threads: int) -> None:
     """Registers ``collage.device`` and ``collage.measure`` in this process (and so in every
     session TVM's server forks from it)."""
-    tvm.register_global_func("collage.device", lambda target: device_report(threads, target, _address).to_json(),
-                             override=True)  # fmt: skip
+    tvm.register_global_func("collage.device", functools.partial(device_json, threads), override=True)
     tvm.register_global_func("collage.measure", functools.partial(measure_remote, threads), override=True)
 
 

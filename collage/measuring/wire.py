@@ -20,6 +20,7 @@ import dataclasses
 import io
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import tvm
@@ -108,18 +109,27 @@ def count(data: bytes) -> int | None:
     return len(header["batch"]) if "batch" in header else None
 
 
-def encode_results(results: MeasureResult | list[MeasureResult], server: ServerDevice) -> bytes:
-    """A result (or a batch's) and the server that measured it, as bytes."""
+class Answer(NamedTuple):
+    """A server's answer: the result (or a batch's), who measured it, and in how many seconds
+    (what the client waited beyond them is the dispatch: encoding, the network, decoding)."""
+
+    results: MeasureResult | list[MeasureResult]
+    server: ServerDevice
+    seconds: float
+
+
+def encode_results(answer: Answer) -> bytes:
     arrays: dict[str, np.ndarray] = {}
-    many = isinstance(results, list)
-    headers = [_result_header(r, f"{k}.", arrays) for k, r in enumerate(results if many else [results])]
-    return _pack({"results": headers, "batch": many, "server": dataclasses.asdict(server)}, arrays)
+    many = isinstance(answer.results, list)
+    headers = [_result_header(r, f"{k}.", arrays) for k, r in enumerate(answer.results if many else [answer.results])]
+    return _pack({"results": headers, "batch": many, "server": dataclasses.asdict(answer.server),
+                  "seconds": answer.seconds}, arrays)  # fmt: skip
 
 
-def decode_results(data: bytes) -> tuple[MeasureResult | list[MeasureResult], ServerDevice]:
+def decode_results(data: bytes) -> Answer:
     header, arrays = _unpack(data)
     results = [_result(h, arrays, f"{k}.") for k, h in enumerate(header["results"])]
-    return (results if header["batch"] else results[0]), ServerDevice(**header["server"])
+    return Answer(results if header["batch"] else results[0], ServerDevice(**header["server"]), header["seconds"])
 
 
 # -- the parts
