@@ -20,6 +20,7 @@ import argparse
 import heapq
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,9 @@ OVERHEAD_TASKS = 40
 HOST = "127.0.0.1"
 
 
+# -- a fleet on loopback, for this benchmark and the tests (tests/test_fleet.py)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -42,38 +46,54 @@ def free_port() -> int:
 
 
 def start(args: list[str], core: int | None = None) -> subprocess.Popen:
+    """``python ARGS`` in a process group of its own (on one ``core`` if given), so that
+    killing the group kills what it started too (a server's session and its worker): a
+    machine that dies."""
     pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
     return subprocess.Popen([sys.executable, *args], start_new_session=True, preexec_fn=pin,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
 
-def wait_listening(port: int) -> None:
+def kill(proc: subprocess.Popen) -> None:
+    """``proc`` and everything in its group, at once (SIGKILL)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def start_tracker() -> tuple[str, subprocess.Popen]:
+    """TVM's RPC tracker on a free loopback port, once it listens: its address and process."""
+    from collage.measuring.rpc_runner import FleetError, reachable
+
+    port = free_port()
+    proc = start(["-m", "tvm.exec.rpc_tracker", "--host", HOST, "--port", str(port), "--port-end", str(port + 1)])
     deadline = time.monotonic() + 60
     while True:
         try:
-            socket.create_connection((HOST, port), timeout=1).close()
-            return
-        except OSError:
+            reachable((HOST, port), timeout_s=1.0)
+            return f"{HOST}:{port}", proc
+        except FleetError:
             if time.monotonic() > deadline:
+                kill(proc)
                 raise RuntimeError(f"the tracker did not start listening on {port} in 60 s") from None
             time.sleep(0.2)
 
 
-def wait_registered(tracker: str, key: str, count: int) -> None:
-    from tvm import rpc
+def start_server(tracker: str, key: str, threads: int, core: int | None = None) -> subprocess.Popen:
+    return start(["-m", "collage", "serve", "--tracker", tracker, "--key", key, "--threads", str(threads),
+                  "--port", str(free_port())], core)  # fmt: skip
 
-    host, port = tracker.rsplit(":", 1)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            summary = rpc.connect_tracker(host, int(port)).summary()
-            if sum(s["key"] == f"server:{key}" for s in summary["server_info"]) >= count:
-                return
-        except (OSError, RuntimeError):
-            pass
+
+def wait_registered(tracker: str, key: str, count: int, timeout_s: float = 120.0) -> None:
+    from collage.measuring.rpc_runner import parse_address, registered_servers
+
+    deadline = time.monotonic() + timeout_s
+    while registered_servers(parse_address(tracker), key) < count:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{count} servers did not register in 120 s")
-        time.sleep(0.5)
+            raise RuntimeError(f"{count} server(s) under {key!r} did not register in {timeout_s:g} s")
+        time.sleep(0.3)
 
 
 def optimize(model: str, runner) -> dict:
@@ -150,14 +170,11 @@ def main(argv=None) -> None:
     from collage.measuring.cost import cpu_info
     from collage.measuring.rpc_runner import RPCRunner
 
-    port = free_port()
-    tracker = f"{HOST}:{port}"
-    procs = [start(["-m", "tvm.exec.rpc_tracker", "--host", HOST, "--port", str(port), "--port-end", str(port + 1)])]
+    tracker, tracker_proc = start_tracker()
+    procs = [tracker_proc]
     results = {"cpu": cpu_info(), "cores": len(os.sched_getaffinity(0)), "models": {}}
     try:
-        wait_listening(port)
-        procs += [start(["-m", "collage", "serve", "--tracker", tracker, "--key", "bench", "--threads", "1",
-                         "--port", str(free_port())], core=k) for k in range(2)]  # fmt: skip
+        procs += [start_server(tracker, "bench", threads=1, core=k) for k in range(2)]
         wait_registered(tracker, "bench", 2)
         for model in args.model:
             local = optimize(model, None)
@@ -178,10 +195,7 @@ def main(argv=None) -> None:
             print(model, json.dumps(entry), flush=True)
     finally:
         for p in procs:
-            try:
-                os.killpg(p.pid, 9)
-            except ProcessLookupError:
-                pass
+            kill(p)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     print(f"written to {RESULTS}")
 

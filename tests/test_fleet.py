@@ -2,9 +2,6 @@
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -25,65 +22,13 @@ from collage.measuring.transition import TransitionTask
 from collage.measuring.wire import Answer, ServerDevice, decode, decode_results, encode, encode_results
 from collage.candidates.backend import default_backends
 from experiments import models
+from experiments.fleet_bench import HOST, free_port, kill, start_server, start_tracker, wait_registered
 from tests.backends_for_tests import NUMPY
 
 FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.3, budget_s=0.3)
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def start(*args) -> subprocess.Popen:
-    """A process in a group of its own, so that killing the group kills what it started too
-    (a TVM server's session and its worker): a machine that dies."""
-    return subprocess.Popen([sys.executable, *args], start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
-
-
-def kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def registered(tracker: str, key: str) -> int:
-    from tvm import rpc
-
-    host, port = tracker.split(":")
-    return sum(s["key"] == f"server:{key}" for s in rpc.connect_tracker(host, int(port)).summary()["server_info"])
-
-
-def serve(tracker: str, key: str, threads: int) -> subprocess.Popen:
-    return start("-m", "collage", "serve", "--tracker", tracker, "--key", key, "--threads", str(threads),
-                 "--port", str(free_port()))  # fmt: skip
-
-
-def wait_for(tracker: str, key: str, count: int, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while registered(tracker, key) < count:
-        assert time.monotonic() < deadline, f"{count} server(s) under {key!r} did not register in {timeout_s} s"
-        time.sleep(0.3)
-
-
 @pytest.fixture(scope="module")
 def tracker():
-    port = free_port()
-    proc = start("-m", "tvm.exec.rpc_tracker", "--host", HOST, "--port", str(port), "--port-end", str(port + 1))
-    address = f"{HOST}:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection((HOST, port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "the tracker did not start"
-            time.sleep(0.2)
+    address, proc = start_tracker()
     yield address
     kill(proc)
 
@@ -92,8 +37,8 @@ def tracker():
 def fleet(tracker, request):
     """Two one-thread servers under a key of this test's own."""
     key = request.node.name.replace("[", "-").replace("]", "")
-    servers = [serve(tracker, key, threads=1) for _ in range(2)]
-    wait_for(tracker, key, 2)
+    servers = [start_server(tracker, key, threads=1) for _ in range(2)]
+    wait_registered(tracker, key, 2)
     yield key, servers
     for s in servers:
         kill(s)
@@ -182,9 +127,9 @@ def test_servers_of_another_device_kind_are_refused(tracker, fleet):
     key, _ = fleet
     runner = RPCRunner(tracker, key)
     assert runner.fleet.threads == 1
-    other = serve(tracker, key, threads=2)  # another device kind: two threads
+    other = start_server(tracker, key, threads=2)  # another device kind: two threads
     try:
-        wait_for(tracker, key, 3)
+        wait_registered(tracker, key, 3)
         found = {}
         runner.run_all([task(seed=k) for k in range(6)], found.__setitem__)
         assert sorted(found) == list(range(6)) and all(r.cost.is_valid for r in found.values())

@@ -64,6 +64,14 @@ def reachable(address: tuple[str, int], timeout_s: float = 5.0) -> None:
                          ) from None  # fmt: skip
 
 
+def registered_servers(tracker: tuple[str, int], key: str) -> int:
+    """How many servers (of any kind) are registered under ``key`` with the tracker now."""
+    from tvm import rpc
+
+    summary = rpc.connect_tracker(*tracker).summary()
+    return sum(1 for server in summary["server_info"] if server["key"] == f"server:{key}")
+
+
 @dataclass
 class _Session:
     """One server given to this runner by the tracker, and what it measures on."""
@@ -135,10 +143,7 @@ class RPCRunner:
 
     def registered(self) -> int:
         """How many servers (of any kind) are registered under the key now."""
-        from tvm import rpc
-
-        summary = rpc.connect_tracker(*self.tracker).summary()
-        return sum(1 for server in summary["server_info"] if server["key"] == f"server:{self.key}")
+        return registered_servers(self.tracker, self.key)
 
     # -- MeasureRunner
 

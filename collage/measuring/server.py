@@ -9,8 +9,9 @@ is, so the tracker hands it to one client at a time (``rpc_runner.RPCRunner``):
   local runner measures it, in a worker process (``isolation.WorkerProcess``), so a library
   that crashes or hangs costs one candidate; the results and the device, as bytes.
 
-TVM's server forks a process per client session; the session's worker is started on its
-first task and kept for the session (it imports every library: seconds). Nothing the
+TVM's server forks a process per client session; the session's worker is started at the
+client's first call (``collage.device``), so that it imports every library (seconds) while
+the client prepares, and is kept for the session. Nothing the
 server is sent is unpickled or run as code, but TVM's RPC protocol itself has no
 authentication and lets a client call any function registered in the server: run
 servers and the tracker inside a trusted network only (docs/fleet.md).
