@@ -165,6 +165,7 @@ def _stats(values: list[float]) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", nargs="+", default=["squeezenet", "resnet50"])
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"results JSON (default {RESULTS})")
     args = parser.parse_args(argv)
 
     from collage.measuring.cost import cpu_info
@@ -196,8 +197,8 @@ def main(argv=None) -> None:
     finally:
         for p in procs:
             kill(p)
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"written to {RESULTS}")
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":
