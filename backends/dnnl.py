@@ -17,11 +17,13 @@ Pooling (2-D max and average): PyTorch pools dense CPU tensors with ATen's own k
 these convert to oneDNN tensors (``to_mkldnn``), pool with oneDNN's primitive and convert
 back (``to_dense``, then ``copy_``): three copies, measured like any candidate.
 
-Precision: with an accuracy budget, on a CPU with native bfloat16 (AVX512_BF16 or AMX),
-convolutions and dense layers are offered in bfloat16 too: oneDNN's float32 math mode
+Precision: with an accuracy budget, on a CPU with AMX, convolutions and dense layers are
+offered in bfloat16 too: oneDNN's float32 math mode
 (``torch.backends.mkldnn.{conv,matmul}.fp32_precision = "bf16"``, oneDNN's ``fpmath_mode``)
-rounds their operands to bfloat16 and accumulates in float32, on AMX where the CPU has it;
-tensors stay float32 at the boundary. The mode is process-wide, so a kernel sets it around
+rounds their operands to bfloat16 and accumulates in float32 on AMX; tensors stay float32
+at the boundary. On AVX512_BF16 without AMX (Zen 4, Zen 5) oneDNN keeps its float32 kernels
+under that mode, so nothing is offered there (measuring each candidate twice for the same
+kernel would only cost time). The mode is process-wide, so a kernel sets it around
 its own call and restores what it found (under a microsecond). Pooling has no such mode.
 """
 
@@ -30,7 +32,7 @@ from collage.patterns.kernels import Check, shape_of
 
 from collage.candidates.backend import OP_LEVEL, Backend, Unsupported, installed_version
 from collage.candidates.pattern import Pattern
-from collage.candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable
+from collage.candidates.precision import BFLOAT16, FLOAT32, amx_unavailable
 from collage.measuring.cost import cpu_info
 
 
@@ -176,5 +178,5 @@ BACKEND = Backend(
     requires=("torch",),
     probe=probe,
     library=f"oneDNN in PyTorch {installed_version('torch')}",
-    precisions=lambda target: () if bf16_unavailable(cpu_info()["isa"]) else (BFLOAT16,),
+    precisions=lambda target: () if amx_unavailable(cpu_info()["isa"]) else (BFLOAT16,),
 )

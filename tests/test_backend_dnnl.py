@@ -6,7 +6,7 @@ from collage.backends import dnnl
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage.candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable
+from collage.candidates.precision import BFLOAT16, FLOAT32, amx_unavailable
 from collage.measuring import runner
 from collage.measuring.cost import cpu_info
 from collage.candidates.generate import generate
@@ -171,7 +171,7 @@ def test_unsupported_is_a_reason_not_a_crash():
     )
 
 
-NO_BF16 = bf16_unavailable(cpu_info()["isa"])
+NO_BF16 = amx_unavailable(cpu_info()["isa"])
 
 
 # fmt: off
@@ -236,3 +236,11 @@ def test_zoo_candidates_match_tvm(model, expected):
     cands = zoo_candidates(model, BACKEND, simplified=True)
     assert expected <= {c.pattern for c in cands}
     assert failures(BACKEND, sample(cands, limit=30)) == {}
+
+
+def test_bfloat16_is_offered_only_where_onednn_would_compute_in_it():
+    # oneDNN's float32 math mode takes bfloat16 kernels on AMX only; on AVX512_BF16 alone it
+    # keeps float32 ones, so offering bfloat16 there would measure every candidate twice.
+    assert "only on AMX" in amx_unavailable(["avx2", "avx512f", "avx512_bf16"])
+    assert amx_unavailable(["avx512_bf16", "amx_tile", "amx_bf16"]) is None
+    assert BACKEND.reduced_precisions("llvm") == (() if NO_BF16 else (BFLOAT16,))

@@ -27,6 +27,15 @@ def bf16_unavailable(isa: list[str] | tuple[str, ...]) -> str | None:
     return f"this CPU has neither AVX512_BF16 nor AMX (flags: {' '.join(isa) or 'none of note'})"
 
 
+def amx_unavailable(isa: list[str] | tuple[str, ...]) -> str | None:
+    """Why oneDNN's float32 math mode would not compute in bfloat16 on this CPU, or None: it
+    takes bfloat16 kernels only on AMX, and on AVX512_BF16 alone keeps its float32 ones
+    (ONEDNN_VERBOSE on a Zen 5: jit:avx512_core and brg_matmul:avx512_core, results to the bit)."""
+    if "amx_bf16" in isa:
+        return None
+    return f"oneDNN computes in bfloat16 through its float32 math mode only on AMX, which this CPU lacks (flags: {' '.join(isa) or 'none of note'})"
+
+
 def int8_unavailable(isa: list[str] | tuple[str, ...]) -> str | None:
     """Why this CPU has no integer dot products a library's int8 kernels use, or None."""
     return None if "avx2" in isa else "this CPU has no AVX2 for int8 kernels"
