@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -31,14 +32,16 @@ from .candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable, reduced, 
 from .config import Config
 from .deploying.optimized import OptimizedModule
 from .deploying.report import dominant_tvm_ops
-from .deploying.saved import (LoggedCosts, PlacementFileError, check_backends, check_model, model_hash, partitions_of,
-                              placement_backends, read_placement, replay_substitutions, runs_file)
+from .deploying.saved import (LoggedCosts, PlacementFileError, PlacementWarning, check_backends, check_model,
+                              model_hash, partitions_of, placement_backends, read_placement, replay_substitutions,
+                              runs_file)
 from .errors import OptimizeError
-from .measuring.cost import Cost, cpu_info
+from .measuring.cost import Cost, Device, cpu_info
 from .measuring.cost_log import CostLog
 from .measuring.isolation import MeasureRunner
 from .measuring.measure import Measurer
 from .measuring.meters import EnergyMeter, NoEnergyMeter, energy_meter
+from .measuring.rpc_runner import GRACE_S, FleetError
 from .measuring.runner import device_for, numpy_outputs, relative_error, to_tensors
 from .measuring.threads import pin_threads
 from .measuring.timing import Timing
@@ -46,7 +49,8 @@ from .model.frontend import ModelImportError, import_model
 from .model.prepare import Model, Unplaceable, dataflow_graph, onnx_proto, prepare_model
 from .placing.end_to_end import EndToEnd
 from .placing.engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
-from .placing.finalists import Finalist, choose, time_finalists
+from .placing import elsewhere
+from .placing.finalists import Finalist, Timed, choose, time_finalists
 from .placing.objective import Objective
 from .placing.placement import Partition, Placement, PlacementError, place
 from .placing.refine import refine
@@ -175,6 +179,7 @@ def optimize_with(
     if no_file is not None and onnx_model is None:
         record.left_out["torch's ONNX export"] = no_file
     stage("preparing")
+    record.optimized_for, record.not_here = _device_optimized_for(config)
     model = prepare_model(config, mod, backends, cost_log, params, onnx_model, calibration)
     record.calibration_sets = len(model.calibration)
     original, prepared, usable, backend_set, log = model.original, model.prepared, model.usable, model.backends, model.log
@@ -186,6 +191,7 @@ def optimize_with(
         record.unplaced, record.unplaced_hash, record.chosen = str(err), model_hash(prepared["main"]), UNPLACED
         return _unplaced(model, config, record, started)
 
+    race = functools.partial(_race, model=model, config=config, meter=meter, record=record)
     t = time.perf_counter()
     candidates = generate(graph, usable, record.capped)
     offered = _reduced_precisions(usable, config, record)
@@ -257,7 +263,7 @@ def optimize_with(
         if engines:
             end_to_end = EndToEnd(graph, BackendSet(usable), target, arrays, expected, log,
                                   f"{tvm_ffi.structural_hash(prepared):x} {target}", threads)
-            engine = _best_engine(engines, alone, finalists, arrays, target)
+            engine = _best_engine(engines, alone, finalists, race)
             start = KERNELS_ONLY if KERNELS_ONLY in finalists else OP_LEVEL
             refinement = refine(finalists[start].partitions, engine, end_to_end, budget_s=config.budget_s,
                                 patience=config.patience, seed=seed, progress=config.progress)
@@ -278,8 +284,9 @@ def optimize_with(
         seconds.graph_level = time.perf_counter() - t
 
     t = time.perf_counter()
-    stage(f"timing {len(finalists)} finalist(s) against each other")
-    timed = time_finalists(finalists, arrays, target, meter=meter)
+    stage(f"timing {len(finalists)} finalist(s) against each other" + (" on the fleet" if record.optimized_for else ""))
+    steps = {SUBSTITUTED: [list(step) for step in substituted.applied]} if SUBSTITUTED in finalists else {}
+    timed = race(finalists, steps)
     measured = timed.costs
     record.others_busy_cores, record.timing_attempts = timed.others_busy_cores, timed.attempts
     chosen, note = choose(measured, {name: f.simplicity for name, f in finalists.items()}, objective, timed.race)
@@ -325,6 +332,11 @@ def load_placement(
                     seed=seed if seed is not None else saved.get("seed") or 0, simplify=saved["simplify"],
                     accuracy=saved.get("accuracy"))  # fmt: skip
     pin_threads(config.threads)
+    here = Device.this_machine(config.threads, config.target)
+    made_for = Device(saved.get("device", here.name), saved["threads"])
+    if made_for != here:
+        warnings.warn(f"{path}: placed for {made_for}, rebuilt on {here}: it runs, but its placement was measured "
+                      "there; optimize again here for the fastest", PlacementWarning, stacklevel=2)  # fmt: skip
     model = prepare_model(config, mod, backends if backends is not None else placement_backends(saved), cost_log, params)
     record = RunRecord(seed=config.seed, objective=config.objective, chosen=SAVED, accuracy=config.accuracy)
     if "unplaced" in saved["model"]:
@@ -356,10 +368,47 @@ def load_placement(
 
 
 def _unplaced(model: Model, config: Config, record: RunRecord, started: float) -> OptimizedModule:
-    """A model with nothing to place, checked and timed as a finalist, as TVM alone runs it."""
+    """A model with nothing to place, checked and timed as a finalist, as TVM alone runs it
+    (on the fleet's device, when the model is optimized for another)."""
     kept = as_tvm_runs_it(model.original, model.prepared, model.arrays, model.expected, config.target)
-    measured = time_finalists({UNPLACED: kept}, model.arrays, config.target).costs[UNPLACED]
-    return _optimized_module(model, config, kept, measured, record, started)
+    finalists = {UNPLACED: kept}
+    measured = _race(finalists, module=kept.assembly.module, model=model, config=config, meter=None, record=record)
+    return _optimized_module(model, config, finalists[UNPLACED], measured.costs[UNPLACED], record, started)
+
+
+def _race(finalists: dict[FinalistName, Finalist], steps: dict | None = None, module: tvm.IRModule | None = None, *,
+          model: Model, config: Config, meter: EnergyMeter | None, record: RunRecord) -> Timed:  # fmt: skip
+    """The finalists timed against each other where the model will run: here, or, when the
+    fleet measuring the candidates is another device (``record.optimized_for``), on one of its
+    servers (``placing.elsewhere``), each sent as its placement over ``module`` (default the
+    prepared model; ``steps``: the substitutions of a finalist's graph). There, a finalist
+    the server cannot build is dropped from ``finalists`` with why (``record.left_out``),
+    and one whose partitions fell back to TVM there is rebuilt here as it ran there, so
+    that what is kept is what was timed."""
+    if record.optimized_for is None:
+        return time_finalists(finalists, model.arrays, config.target, meter=meter)
+    labels = {str(name): name for name in finalists}
+    on_file = any(name.kind is FinalistKind.ENGINE_ON_FILE for name in finalists)
+    data = elsewhere.request({str(name): f for name, f in finalists.items()}, module or model.prepared,
+                             {str(name): s for name, s in (steps or {}).items()},
+                             model.onnx_model if on_file else None, model.arrays, model.expected, config.target,
+                             config.accuracy, metered=meter is not None)  # fmt: skip
+    try:
+        answer = elsewhere.answer_of(config.runner.call(elsewhere.FUNCTION, data, elsewhere.RACE_TIMEOUT_S + GRACE_S))
+    except FleetError as err:
+        raise OptimizeError(f"the finalists could not be timed on the fleet: {err}") from None
+    record.timed_on = f"{answer.server.device} at {answer.server.address}"
+    for label, why in answer.left_out.items():
+        record.left_out[label] = f"{label} cannot run on {answer.server.name}: {why}"
+        del finalists[labels[label]]
+    if not finalists:
+        raise OptimizeError(f"no finalist runs on {answer.server.device}: "
+                            + "; ".join(f"{label}: {why}" for label, why in answer.left_out.items()))  # fmt: skip
+    for label, entries in answer.ran.items():
+        name = labels[label]
+        finalists[name] = elsewhere.as_ran_there(finalists[name], entries, answer.server.name, (model.arrays, model.expected),
+                                                 model.backends, config.target, config.threads, config.accuracy)  # fmt: skip
+    return answer.keyed(labels)
 
 
 def _optimized_module(model: Model, config: Config, kept: Finalist, measured: Cost, record: RunRecord,
@@ -379,6 +428,7 @@ def _optimized_module(model: Model, config: Config, kept: Finalist, measured: Co
         placement=partitions,
         target=config.target,
         threads=config.threads,
+        device=config.runner.fleet.device if record.optimized_for is not None else None,
         estimated_ms=estimated_ms,
         measured=measured,
         simplified=model.simplified,
@@ -389,6 +439,14 @@ def _optimized_module(model: Model, config: Config, kept: Finalist, measured: Co
         _vm=kept.vm,
         _params=list(model.original["main"].params),
     )
+
+
+def _device_optimized_for(config: Config) -> tuple[str | None, str | None]:
+    """The fleet's device and how this machine differs from it, when the runner measures on
+    another device than this one (``RPCRunner.elsewhere``); else (None, None)."""
+    fleet = getattr(config.runner, "fleet", None)
+    why = config.runner.elsewhere(config.threads, config.target) if fleet is not None else None
+    return (str(fleet.device), why) if why is not None else (None, None)
 
 
 def _energy_meter(config: Config, meter: EnergyMeter | None) -> EnergyMeter | None:
@@ -502,14 +560,21 @@ def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, no
 
 
 def _reduced_precisions(usable, config: Config, record: RunRecord) -> dict[str, tuple[str, ...]]:
-    """Backend name -> the reduced precisions it offers here, with an accuracy budget; none
-    without one. Where the budget can change nothing, ``record.precision_note`` says why."""
+    """Backend name -> the reduced precisions it offers on the device optimized for (here, or
+    the fleet's), with an accuracy budget; none without one. Where the budget can change
+    nothing, ``record.precision_note`` says why."""
     record.accuracy = config.accuracy
     if config.accuracy is None:
         return {}
-    offered = {b.name: b.reduced_precisions(config.target) for b in usable}
+    if record.optimized_for is None:
+        offered = {b.name: b.reduced_precisions(config.target) for b in usable}
+        isa = cpu_info()["isa"]
+    else:  # what the fleet's CPU computes natively, which this machine's may not
+        fleet = config.runner.fleet
+        offered = {b.name: tuple(fleet.precisions.get(b.name, ())) for b in usable}
+        isa = fleet.isa
     offered = {name: precisions for name, precisions in offered.items() if precisions}
-    why = bf16_unavailable(cpu_info()["isa"]) if config.target == "llvm" else None
+    why = bf16_unavailable(isa) if config.target == "llvm" else None
     if not offered:
         record.precision_note = ("no backend here computes in a reduced precision"
                                  + (f": {why}" if why else "") + "; every placement is float32")  # fmt: skip
@@ -592,15 +657,16 @@ def _engines_on_file(original, graph, usable, model, expected, arrays, config: C
     return finalists
 
 
-def _best_engine(engines, alone: dict[str, FinalistName], finalists: dict[FinalistName, Finalist], arrays, target):
+def _best_engine(engines, alone: dict[str, FinalistName], finalists: dict[FinalistName, Finalist], race):
     """The inference engine to refine with: the one whose own-regions placement runs the model
-    fastest (timed here against each other), else the first."""
+    fastest (timed against each other by ``race``), else the first."""
     timed = {e.name: alone[e.name] for e in engines if alone.get(e.name) in finalists}
     if len(set(timed.values())) < 2:
         return next((e for e in engines if e.name in timed), engines[0])
-    times = time_finalists({engine: finalists[name] for engine, name in timed.items()}, arrays, target).costs
-    fastest = min(times, key=lambda e: times[e].median_ms)
-    return next(e for e in engines if e.name == fastest)
+    contenders = {name: finalists[name] for name in timed.values()}
+    times = race(contenders)
+    fastest = min(times.costs, key=lambda name: times.costs[name].median_ms)
+    return next(e for e in engines if timed.get(e.name) == fastest)
 
 
 def _priced(partitions, measurer) -> tuple[Partition, ...]:

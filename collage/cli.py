@@ -275,7 +275,8 @@ def run_command(args) -> int:
         f"{len(opt.placement) - unknown} of {len(opt.placement)} partition costs from the log"
     )
     if saved.get("measured_ms") is not None:
-        print(f"when it was made it ran in {saved['measured_ms']:.3f} ms; now {opt.measured.median_ms:.3f} ms")
+        made = f" for {saved['device']}" if "device" in saved else ""
+        print(f"when it was made{made} it ran in {saved['measured_ms']:.3f} ms there; now {opt.measured.median_ms:.3f} ms")
     return EXIT_OK
 
 

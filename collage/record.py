@@ -111,6 +111,9 @@ class RunRecord:
     finalists: dict[FinalistName, FinalistResult] = field(default_factory=dict)
     chosen: FinalistName | None = None
     tie: str | None = None  # why the kept finalist is not the one with the best number
+    optimized_for: str | None = None  # the fleet's device, when it is not this machine
+    not_here: str | None = None  # then, how this machine differs from it
+    timed_on: str | None = None  # the server the finalists were timed on, when not here
     others_busy_cores: float | None = None  # what other processes took while finalists were timed
     timing_attempts: int = 0
     warnings: list[str] = field(default_factory=list)

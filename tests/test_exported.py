@@ -123,7 +123,7 @@ def test_another_device_or_library_version_is_a_warning(made, tmp_path):
     with pytest.warns(ExportWarning) as caught:
         loaded = collage.load(exported)
     said = " ".join(str(w.message) for w in caught)
-    assert "optimized on Some Other CPU" in said and "measured on ONNX Runtime 0.1" in said
+    assert "optimized for Some Other CPU" in said and "measured on ONNX Runtime 0.1" in said
     assert loaded(made[3]).shape == (1, 10)
 
 

@@ -1,18 +1,22 @@
 """Measuring on a fleet: a TVM RPC tracker and ``collage serve`` servers, all on loopback."""
 
+import dataclasses
+import json
 import os
 import signal
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
+import tvm
 import tvm_ffi
 from tvm import relax
 
 import collage
 from collage.cli import main
-from collage.measuring.cost import Cost, Device
+from collage.measuring.cost import Cost, Device, cpu_info
 from collage.measuring.cost_log import CostLog
 from collage.measuring.isolation import MeasureResult, MeasureTask
 from collage.measuring.rpc_runner import FleetError, RPCRunner
@@ -20,10 +24,18 @@ from collage.measuring.server import measure_remote
 from collage.measuring.timing import Timing
 from collage.measuring.transition import TransitionTask
 from collage.measuring.wire import Answer, ServerDevice, decode, decode_results, encode, encode_results
-from collage.candidates.backend import default_backends
+from collage.assembling.checked import assemble_and_check
+from collage.candidates.backend import BackendSet, default_backends
+from collage.candidates.generate import Candidate
+from collage.candidates.subgraph import SubGraph
+from collage.deploying.saved import PlacementWarning
+from collage.errors import OptimizeError
+from collage.model.graph import DataflowGraph
+from collage.placing import elsewhere
+from collage.placing.placement import Partition, Placement, tvm_op
 from experiments import models
 from experiments.fleet_bench import HOST, free_port, kill, start_server, start_tracker, wait_registered
-from tests.backends_for_tests import NUMPY
+from tests.backends_for_tests import CANNOT_COMPILE, NUMPY
 
 FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.3, budget_s=0.3)
 @pytest.fixture(scope="module")
@@ -92,7 +104,8 @@ def test_a_server_measures_what_it_lacks_as_invalid_with_the_reason():
     results, device, _ = decode_results(data)
     assert len(results) == 2 and all(r.cost.is_invalid for r in results)
     assert "cannot measure it" in results[0].cost.reason and "numpy" in results[0].cost.reason
-    assert device.threads == 1 and device.name == Device.this_machine(1).name
+    assert device.threads == 1 and device.name == Device.this_machine(1).name and device.isa == cpu_info()["isa"]
+    assert device.precisions == {b.name: list(p) for b in default_backends() if (p := b.reduced_precisions("llvm"))}
 
 
 def test_a_server_of_another_kind_says_why():
@@ -191,3 +204,88 @@ def test_a_server_that_hangs_mid_work_has_its_work_taken_back(tracker, fleet):
     assert stopped.is_set() and runner.lost == 1
     assert sorted(found) == list(range(8)) and all(r.cost.is_valid for r in found.values())
     runner.close()
+
+
+# -- optimizing for another device
+
+
+def elementwise_model() -> tvm.IRModule:
+    x = relax.Var("x", relax.TensorType((16, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.exp(relax.op.nn.relu(x)))
+            out = bb.emit_output(relax.op.add(y, relax.const(np.full((16, 16), 0.5, "float32"))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_race_travels_as_placements_and_comes_back_as_rounds():
+    """The finalists go as their placements; the server builds each with its own libraries:
+    one that falls back to TVM there says what it ran, one it has no backend for is left out."""
+    mod = elementwise_model()
+    graph = DataflowGraph.from_module(mod)
+    x = np.random.default_rng(0).standard_normal((16, 16)).astype("float32")
+    expected = [np.exp(np.maximum(x, 0)) + 0.5]
+    here = BackendSet([default_backends()["tvm"], NUMPY])
+    on_numpy = Placement(graph, (Partition(Candidate(SubGraph(graph, frozenset({0, 1})), "numpy", "numpy.chain"), Cost.of(0.01)),
+                                 tvm_op(graph, 2, "tvm.op")))  # fmt: skip
+    on_tvm = Placement(graph, tuple(tvm_op(graph, i, "tvm.op") for i in range(len(graph))))
+    finalists = {name: assemble_and_check(graph, p, expected, [x], here, "llvm", 1)
+                 for name, p in (("numpy", on_numpy), ("tvm", on_tvm))}  # fmt: skip
+    data = elsewhere.request(finalists, mod, {}, None, [x], expected, "llvm", None, metered=False)
+
+    cannot = dataclasses.replace(CANNOT_COMPILE, name="numpy")  # this server's numpy cannot compile it
+    answer = elsewhere.answer_of(elsewhere.run(data, 1, "10.0.0.2:9091", BackendSet([default_backends()["tvm"], cannot])))
+    assert answer.server.address == "10.0.0.2:9091" and answer.server.threads == 1 and not answer.left_out
+    assert [e["backend"] for e in answer.ran["numpy"]] == ["tvm"] * 3 and "tvm" not in answer.ran
+    race = answer.keyed({"numpy": "N", "tvm": "T"}).race
+    assert len(race.rounds) >= 7 and set(race.rounds[0]) == {"N", "T"}
+    # Rebuilt here as it ran there: what is kept is what was timed.
+    ran = elsewhere.as_ran_there(finalists["numpy"], answer.ran["numpy"], "CPU B", ([x], expected), here, "llvm", 1, None)
+    assert {p.backend for p in ran.partitions} == {"tvm"} and ran.fallbacks[0][1] == "it fell back to tvm on CPU B"
+    np.testing.assert_allclose(ran.vm["main"](tvm.runtime.tensor(x)).numpy(), expected[0], rtol=1e-5)
+
+    lacking = elsewhere.answer_of(elsewhere.run(data, 1, "b:1", BackendSet([default_backends()["tvm"]])))
+    assert "numpy" in lacking.left_out["numpy"] and set(lacking.timed.costs) == {"tvm"}
+    garbled = elsewhere.run(b"\0" * 8 + b"{}", 1, "c:1")
+    with pytest.raises(OptimizeError, match="could not be timed on .* at c:1: JSONDecodeError"):
+        elsewhere.answer_of(garbled)
+
+
+def test_optimizing_for_another_device_times_the_finalists_there_and_saves_the_placement_for_it(tmp_path, tracker):
+    """A fleet of one two-thread server, optimized from a one-thread process: another device.
+    The finalists race there; the placement and the export name that device and its threads,
+    and load on it (this machine at two threads) without a warning."""
+    key = "two-threads"
+    server = start_server(tracker, key, threads=2)
+    try:
+        wait_registered(tracker, key, 1)
+        with RPCRunner(tracker, key) as runner:
+            assert runner.elsewhere(1, "llvm") == "it measures on 2 thread(s), this machine on 1"
+            assert runner.elsewhere(2, "llvm") is None
+            w = models.load("mlp", small=True)
+            opt = collage.optimize(w.relax, cost_log=tmp_path / "c.sqlite", runner=runner, timing=FAST, progress=False,
+                                   threads=1)  # fmt: skip
+            fleet = runner.fleet
+    finally:
+        kill(server)
+    assert opt.optimized_for == Device(fleet.name, 2) and opt.threads == 1
+    assert opt.record.timed_on == f"{fleet.device} at {fleet.address}"
+    assert f"optimized for {fleet.device}" in opt.report()
+    got = opt(*[x.numpy() for x in w.inputs])
+    for g, r in zip(got if isinstance(got, tuple) else (got,), w.reference()):
+        assert np.abs(g - r).max() <= 1e-3 * np.abs(r).max()
+
+    saved = json.loads(opt.save_placement(tmp_path / "placement.json").read_text())
+    assert (saved["device"], saved["threads"]) == (fleet.name, 2)
+    opt.export(tmp_path / "export")
+    manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
+    assert (manifest["device"], manifest["threads"]) == (fleet.name, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # on the device it was made for: nothing to warn about
+        loaded = collage.load(tmp_path / "export")
+        rebuilt = collage.load_placement(w.relax, tmp_path / "placement.json", cost_log=tmp_path / "c.sqlite")
+    assert rebuilt.threads == 2 and loaded.manifest["threads"] == 2
+    with pytest.warns(PlacementWarning, match="placed for .* rebuilt on"):
+        collage.load_placement(w.relax, tmp_path / "placement.json", cost_log=tmp_path / "c.sqlite", threads=1)

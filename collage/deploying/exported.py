@@ -3,7 +3,8 @@
 ``export`` writes what it takes to run the module without optimizing it again::
 
     manifest.json     what the rest is: model hash, target, threads, the device it was
-                      optimized on, library versions, inputs, kernels, the placement
+                      optimized for (this machine, or a fleet's device), library versions,
+                      inputs, kernels, the placement
     tvm.so            the assembled module compiled by TVM (``Executable.export_library``):
                       every TVM partition and the calls of the other kernels
     kernels/K.json    a sub-graph a library outside TVM runs (the Relax function, as TVM's
@@ -94,8 +95,8 @@ def export(opt, path: str | os.PathLike) -> Path:
         "format": FORMAT,
         "version": VERSION,
         "target": opt.target,
-        "threads": opt.threads,
-        "device": Device.this_machine(opt.threads, opt.target).name,
+        "threads": opt.optimized_for.threads,
+        "device": opt.optimized_for.name,  # measured and timed there: this machine, or a fleet's device
         "libraries": {d: installed_version(d) for d in (*TVM_DISTRIBUTIONS, *OTHER_DISTRIBUTIONS)},
         "inputs": [
             {"name": p.name, "shape": list(static_shape(p.ty)), "dtype": str(p.ty.dtype)} for p in main.params
@@ -162,7 +163,7 @@ class ExportedModule:
         placed = f"{len(parts)} partition(s) on {backends}" if parts else "nothing placed, the whole model on TVM"
         return "\n".join([
             f"exported module: {placed}; {len(self.manifest['kernels'])} library kernel(s), the rest compiled TVM code",
-            f"optimized on {self.manifest['device']}, {self.manifest['threads']} thread(s), target {self.target}; "
+            f"optimized for {self.manifest['device']}, {self.manifest['threads']} thread(s), target {self.target}; "
             f"it ran in {self.manifest['measured_ms']:.3f} ms there",
             f"loaded in {self.load_s:.2f} s (nothing measured, no TVM code compiled)",
         ])  # fmt: skip
@@ -199,7 +200,7 @@ def load(
     target = manifest["target"]
     threads = threads or manifest["threads"]
     pin_threads(threads)
-    _warn_if_elsewhere(manifest, backend_set, path)
+    _warn_if_elsewhere(manifest, backend_set, path, threads)
     kernels = {entry["name"]: _kernel(entry, backend_set, target, threads, path) for entry in manifest["kernels"]}
     if not (path / TVM_LIBRARY).is_file():
         raise ExportError(f"{path}: the export lacks {TVM_LIBRARY}")
@@ -223,12 +224,14 @@ def _check_tvm(manifest: dict, path: Path) -> None:
         raise ExportError(f"{path}: exported with {', '.join(differ)}; TVM's compiled code loads only in the TVM that made it: export it again here")
 
 
-def _warn_if_elsewhere(manifest: dict, backends: BackendSet, path: Path) -> None:
-    """A warning for each way this machine differs from the one the module was optimized on."""
-    here = Device.this_machine(manifest["threads"], manifest["target"]).name
-    if manifest.get("device") != here:
+def _warn_if_elsewhere(manifest: dict, backends: BackendSet, path: Path, threads: int) -> None:
+    """A warning for each way this machine, running ``threads`` threads, differs from the
+    device the module was optimized for."""
+    here = Device.this_machine(threads, manifest["target"])
+    made_for = Device(manifest.get("device") or "?", manifest["threads"])
+    if made_for != here:
         warnings.warn(
-            f"{path}: optimized on {manifest.get('device')}, loaded on {here}: it runs, but its placement was "
+            f"{path}: optimized for {made_for}, loaded on {here}: it runs, but its placement was "
             "measured there; optimize again here for the fastest", ExportWarning, stacklevel=3,
         )  # fmt: skip
     for d in OTHER_DISTRIBUTIONS:

@@ -8,7 +8,7 @@ import tvm
 from tvm import relax
 
 from ..assembling.assemble import Assembly, bound_main
-from ..measuring.cost import Cost
+from ..measuring.cost import Cost, Device
 from ..measuring.runner import device_for, input_tensors, static_shape, to_numpy
 from ..model.simplify import SimplifyReport
 from ..placing.placement import Partition
@@ -26,13 +26,14 @@ class OptimizedModule:
     module: tvm.IRModule  # the assembled Relax module (kernels outside TVM by call_dps_packed)
     placement: list[Partition]
     target: str
-    threads: int
+    threads: int  # what this module runs on here
     estimated_ms: float  # the DP's sum of measured candidate and transition costs
     measured: Cost  # the assembled module end to end
     simplified: SimplifyReport | None
     record: RunRecord = field(default_factory=RunRecord)  # what optimize did, stage by stage
     excluded: dict[str, str] = field(default_factory=dict)  # backend -> why it was not used
     fallbacks: list[tuple[Partition, str]] = field(default_factory=list)
+    device: Device | None = None  # the device it was optimized for, when not this machine (a fleet's)
     _assembly: Assembly | None = field(default=None, repr=False)
     _vm: relax.VirtualMachine | None = field(default=None, repr=False)
     _params: list[relax.Var] = field(default_factory=list, repr=False)
@@ -40,6 +41,12 @@ class OptimizedModule:
     def __call__(self, *arrays):
         signature = [(p.name, static_shape(p.ty), str(p.ty.dtype)) for p in self._params]
         return to_numpy(self._vm["main"](*input_tensors(signature, arrays, device_for(self.target))))
+
+    @property
+    def optimized_for(self) -> Device:
+        """The device its placement was measured and timed on, and is saved and exported for:
+        this machine on ``threads`` threads, or the fleet's device (``collage.RPCRunner``)."""
+        return self.device or Device.this_machine(self.threads, self.target)
 
     @property
     def assembly(self) -> Assembly:

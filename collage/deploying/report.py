@@ -127,6 +127,11 @@ def format_report(opt) -> str:
         f"{'#':>3}  {'backend':<12} {'pattern':<26} {'ms':>9}  ops",
     ]
     r: RunRecord = opt.record
+    if r.optimized_for is not None:
+        lines[1:1] = [f"optimized for {r.optimized_for}, the device of the fleet that measured it, not this machine "
+                      f"({r.not_here}); finalists timed on {r.timed_on or 'it'}"]  # fmt: skip
+        if r.graph_level is not None and "skipped" not in r.graph_level:
+            lines[2:2] = ["  (the graph-level search timed the placements it tried here; its leaders raced there)"]
     if r.unplaced is not None:
         lines.append(f"    nothing placed: {r.unplaced}; the whole model runs on tvm, as TVM alone runs it")
     for k, p in enumerate(parts):

@@ -1,7 +1,8 @@
 """Saved placements: what ``optimize`` chose, as a JSON file, and the module rebuilt from it.
 
 ``save_placement`` writes which backend runs which operators, with the model's structural
-hash, so the placement can be used again without measuring. ``collage.load_placement`` (in
+hash and the device it was measured and timed on (this machine, or the device of the fleet
+it was optimized through), so the placement can be used again without measuring. ``collage.load_placement`` (in
 ``collage.api``: the stages of ``optimize`` with the placement fixed) reads it back here:
 ``read_placement``, the substitutions to replay (``replay_substitutions``), the checks that
 it is the model the placement was made for (``check_model``, ``check_backends``), and each
@@ -12,7 +13,8 @@ The file is plain JSON::
 
     {"format": "collage-placement", "version": 1,
      "model": {"hash": "fa464a9e5ad929aa", "ops": 5},
-     "target": "llvm", "threads": 2, "simplify": true, "seed": 0, "substitutions": [],
+     "target": "llvm", "device": "AMD EPYC (family 26 model 2; avx2 fma avx512f ...)", "threads": 2,
+     "simplify": true, "seed": 0, "substitutions": [],
      "estimated_ms": 0.005, "measured_ms": 0.006,
      "partitions": [{"backend": "tvm", "pattern": "tvm.fused", "nodes": [0, 1],
                      "ops": ["relax.nn.conv2d", "relax.nn.relu"], "cost_ms": 0.0027}, ...]}
@@ -53,6 +55,10 @@ class PlacementFileError(OptimizeError):
     """The placement file cannot be read, or was made for another model."""
 
 
+class PlacementWarning(UserWarning):
+    """The placement is rebuilt on another device than the one it was made for."""
+
+
 # -- saving --
 
 
@@ -76,7 +82,9 @@ def placement_record(opt: OptimizedModule) -> dict:
         "version": VERSION,
         "model": model,
         "target": opt.target,
-        "threads": opt.threads,
+        # The device it was measured and timed on, and the threads it should run on there.
+        "device": opt.optimized_for.name,
+        "threads": opt.optimized_for.threads,
         "simplify": opt.simplified is not None,
         # The substitutions of the graph the partitions index, as (rule, nodes) steps in order.
         "substitutions": opt.record.substituted,
@@ -84,18 +92,14 @@ def placement_record(opt: OptimizedModule) -> dict:
         "accuracy": opt.record.accuracy,  # the budget reduced-precision partitions were held to
         "estimated_ms": _json_number(opt.estimated_ms),
         "measured_ms": _json_number(opt.measured.median_ms),
-        "partitions": [
-            {
-                "backend": p.backend,
-                "pattern": p.pattern,
-                "nodes": sorted(p.nodes),
-                "ops": p.ops,
-                "cost_ms": _json_number(p.cost_ms),
-                "precision": p.candidate.precision,
-            }
-            for p in opt.placement
-        ],
+        "partitions": [partition_entry(p) for p in opt.placement],
     }
+
+
+def partition_entry(p: Partition) -> dict:
+    """One partition as the file holds it (``candidate_of`` reads it back)."""
+    return {"backend": p.backend, "pattern": p.pattern, "nodes": sorted(p.nodes), "ops": p.ops,
+            "cost_ms": _json_number(p.cost_ms), "precision": p.candidate.precision}  # fmt: skip
 
 
 def model_hash(main: tvm.relax.Function) -> str:
@@ -183,11 +187,16 @@ class LoggedCosts:
         return cost.value_ms if cost.is_valid else 0.0
 
 
+def candidate_of(graph: DataflowGraph, entry: dict) -> Candidate:
+    """The candidate a saved partition (``partition_entry``) names on ``graph``."""
+    return Candidate(SubGraph(graph, frozenset(entry["nodes"])), entry["backend"], entry["pattern"],
+                     entry.get("precision", FLOAT32))  # fmt: skip
+
+
 def _partition(graph: DataflowGraph, entry: dict, costs: LoggedCosts) -> Partition:
     """One saved partition on ``graph``, its costs from the log (unknown when either the
     kernel's or the transition's is missing)."""
-    candidate = Candidate(SubGraph(graph, frozenset(entry["nodes"])), entry["backend"], entry["pattern"],
-                          entry.get("precision", FLOAT32))  # fmt: skip
+    candidate = candidate_of(graph, entry)
     cost, transition = costs.cost(candidate), costs.transition_ms(candidate.backend)
     if math.isnan(transition):
         return Partition(candidate, Cost.unknown())

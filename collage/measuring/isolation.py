@@ -254,6 +254,22 @@ class WorkerProcess:
     def run_all(self, works: list[Work], on_result) -> None:
         in_turn(self, works, on_result)
 
+    def call(self, job: Callable[[], object], timeout_s: float) -> object:
+        """``job()`` run in the worker, on its threads, within ``timeout_s`` seconds: what a
+        measuring server does besides measuring (``collage.time_finalists``). ``job`` travels
+        pickled, so it is a module-level function (with its arguments bound). Raises
+        ``RuntimeError`` with why when the worker dies, overruns, or ``job`` raises."""
+        saved, self.timeout_s = self.timeout_s, timeout_s
+        try:
+            result = self._exchange(job)
+        except _WorkerLost as lost:
+            raise RuntimeError(self._lost(lost)) from None
+        finally:
+            self.timeout_s = saved
+        if isinstance(result, _JobFailed):
+            raise RuntimeError(result.why)
+        return result
+
     def _exchange(self, work):
         """``work`` (a task or a list of them) sent to the worker, and its answer; raises
         _WorkerLost when the worker dies or overruns ``timeout_s``."""
@@ -342,6 +358,13 @@ def shared_worker(threads: int) -> WorkerProcess:
 # travel too); functions of importable modules travel by name.
 
 
+@dataclass(frozen=True)
+class _JobFailed:
+    """A job (``WorkerProcess.call``) raised in the worker: why."""
+
+    why: str
+
+
 class _WorkerLost(Exception):
     def __init__(self, timed_out: bool = False):
         self.timed_out = timed_out
@@ -394,9 +417,16 @@ def serve(task_fd: int, result_fd: int, threads: int) -> None:
         except _WorkerLost:  # the parent closed the pipe or exited
             return
         try:
-            result = measure_batch(work) if isinstance(work, list) else measure(work)
+            if callable(work):  # a job (``WorkerProcess.call``)
+                result = work()
+            else:
+                result = measure_batch(work) if isinstance(work, list) else measure(work)
         except BaseException as err:  # noqa: BLE001 -- anything measure did not expect
-            failed = MeasureResult(Cost.invalid(f"measuring failed: {type(err).__name__}: {first_line(err)}"))
-            result = [failed] * len(work) if isinstance(work, list) else failed
+            why = f"measuring failed: {type(err).__name__}: {first_line(err)}"
+            if callable(work):
+                result = _JobFailed(why)
+            else:
+                failed = MeasureResult(Cost.invalid(why))
+                result = [failed] * len(work) if isinstance(work, list) else failed
         _write(results, result)
 

@@ -22,6 +22,7 @@ left is failed with that reason. An unreachable tracker, or a key with no server
 from __future__ import annotations
 
 import collections
+import dataclasses
 import queue
 import socket
 import sys
@@ -33,7 +34,7 @@ from ..errors import OptimizeError
 from .cost import Cost
 from .isolation import TIMEOUT_S, MeasureResult, Work
 from .runner import first_line
-from .wire import Answer, ServerDevice, decode_results, encode
+from .wire import ServerDevice, decode_results, encode
 
 # A work may have been what killed its server; after this many servers lost on it, it fails.
 MAX_LOSSES = 2
@@ -86,10 +87,25 @@ class _Session:
         except Exception:  # noqa: BLE001 -- the connection is gone
             return False
 
-    def measure(self, work: Work) -> Answer:
+    def send(self, work: Work | RemoteCall) -> tuple[object, float | None]:
+        """``work`` done on this server: its result, and the seconds the server spent on it
+        (None for a ``RemoteCall``, whose answer is the caller's to read)."""
+        if isinstance(work, RemoteCall):
+            return bytes(self.rpc.get_function(work.function)(work.data)), None
         answer = decode_results(bytes(self.rpc.get_function("collage.measure")(encode(work))))
         self.device = answer.server
-        return answer
+        return answer.results, answer.seconds
+
+
+@dataclass(frozen=True)
+class RemoteCall:
+    """One call on one server of the fleet of a function the servers register besides
+    ``collage.measure`` (``collage.time_finalists``): its name, its argument as bytes, and how
+    long it may take there (None: the runner's ``timeout_s``). Its answer is bytes."""
+
+    function: str
+    data: bytes
+    timeout_s: float | None = None
 
 
 class RPCRunner:
@@ -145,6 +161,23 @@ class RPCRunner:
         """How many servers (of any kind) are registered under the key now."""
         return registered_servers(self.tracker, self.key)
 
+    def elsewhere(self, threads: int, target: str) -> str | None:
+        """Why the fleet is not this machine measuring on ``threads`` threads (its CPU, thread
+        count or a library differ: what it measures would not hold here), or None. Backends
+        registered here only (a user's own) are not compared: the fleet cannot measure them."""
+        here = ServerDevice.here(threads, target, "here")
+        here = dataclasses.replace(here, libraries={b: v for b, v in here.libraries.items() if b in self.fleet.libraries})
+        return self.fleet.differs_from(here, "this machine")
+
+    def call(self, function: str, data: bytes, timeout_s: float | None = None) -> bytes:
+        """``function(data)`` on one server of the fleet, its answer; a server lost on the way
+        hands the call to another, as a lost work is. ``FleetError`` when it cannot be done."""
+        found = []
+        self.run_all([RemoteCall(function, data, timeout_s)], lambda index, answer: found.append(answer))
+        if isinstance(found[0], FleetError):
+            raise found[0]
+        return found[0]
+
     # -- MeasureRunner
 
     def run(self, task) -> MeasureResult:
@@ -199,7 +232,7 @@ class RPCRunner:
                     in_flight[me] = (index, time.monotonic())
                 sent = time.perf_counter()
                 try:
-                    answer = session.measure(works[index])
+                    result, server_s = session.send(works[index])
                 except Exception as err:  # noqa: BLE001 -- the connection broke: the server is gone
                     with self._lock:
                         self._busy -= 1
@@ -214,8 +247,9 @@ class RPCRunner:
                         self._busy -= 1
                         return
                     in_flight.pop(me)
-                    self.work_seconds.append((call, time.perf_counter() - sent, answer.seconds))
-                results.put((index, answer.results))
+                    if server_s is not None:
+                        self.work_seconds.append((call, time.perf_counter() - sent, server_s))
+                results.put((index, result))
 
         # One dispatcher per server: those held, and (asking the tracker takes ~90 ms) the
         # others registered under the key when there is work for more.
@@ -239,10 +273,11 @@ class RPCRunner:
                     now = time.monotonic()
                     with self._lock:
                         for me, (index, since) in list(in_flight.items()):
-                            if now - since > self.timeout_s:  # the server hangs: take the work back
+                            limit = getattr(works[index], "timeout_s", None) or self.timeout_s
+                            if now - since > limit:  # the server hangs: take the work back
                                 abandoned.add(me)
                                 del in_flight[me]
-                                lose(index, f"no answer in {self.timeout_s:g} s")
+                                lose(index, f"no answer in {limit:g} s")
                                 start_dispatcher()
                         idle_fleet = not in_flight and pending and now - last_answer > self.wait_s
                         if idle_fleet:
@@ -325,6 +360,8 @@ class RPCRunner:
         self.close()
 
 
-def _failed(work: Work, reason: str) -> MeasureResult | list[MeasureResult]:
+def _failed(work: Work | RemoteCall, reason: str) -> MeasureResult | list[MeasureResult] | FleetError:
+    if isinstance(work, RemoteCall):
+        return FleetError(f"{work.function} failed on the fleet: {reason.removeprefix('measuring failed: ')}")
     failed = MeasureResult(Cost.invalid(reason))
     return [failed] * len(work) if isinstance(work, list) else failed

@@ -26,19 +26,13 @@ import time
 import tvm
 
 from ..candidates.backend import default_backends
-from .cost import Cost, Device
+from .cost import Cost
 from .isolation import MeasureResult, WorkerProcess
 from .runner import first_line
 from .wire import Answer, ServerDevice, count, decode, encode_results
 
 _worker: WorkerProcess | None = None  # this session's (each session is a process of its own)
 _address = "?"  # where this server listens, once it does (for its reports)
-
-
-def device_report(threads: int, target: str, address: str) -> ServerDevice:
-    """This machine as a measuring server of ``threads`` threads reports it for ``target``."""
-    libraries = {b.name: b.library for b in default_backends()}
-    return ServerDevice(Device.this_machine(threads, target).name, threads, libraries, address)
 
 
 def measure_remote(threads: int, data: bytes) -> bytes:
@@ -54,14 +48,14 @@ def measure_remote(threads: int, data: bytes) -> bytes:
         worker = session_worker(threads)
         results = worker.run_batch(work) if isinstance(work, list) else worker.run(work)
         target = (work[0] if isinstance(work, list) else work).target
-    return encode_results(Answer(results, device_report(threads, target, address), time.perf_counter() - started))
+    return encode_results(Answer(results, ServerDevice.here(threads, target, address), time.perf_counter() - started))
 
 
 def device_json(threads: int, target: str) -> str:
     """``collage.device``: a client's first call in its session, so the session's worker is
     started here, to start up while the client prepares the model."""
     session_worker(threads).start()
-    return device_report(threads, target, _address).to_json()
+    return ServerDevice.here(threads, target, _address).to_json()
 
 
 def session_worker(threads: int) -> WorkerProcess:
@@ -71,11 +65,26 @@ def session_worker(threads: int) -> WorkerProcess:
     return _worker
 
 
+def time_finalists(threads: int, data: bytes) -> bytes:
+    """``collage.time_finalists``: the finalists of an optimization for this device, built,
+    checked and timed against each other in the session's worker (``placing.elsewhere``), so
+    that they run on the server's threads and a library that crashes costs the race only;
+    never raises."""
+    from ..placing import elsewhere
+
+    job = functools.partial(elsewhere.run, bytes(data), threads, _address)
+    try:
+        return session_worker(threads).call(job, elsewhere.RACE_TIMEOUT_S)
+    except RuntimeError as err:
+        return elsewhere.failed(str(err), threads, _address)
+
+
 def register(threads: int) -> None:
-    """Registers ``collage.device`` and ``collage.measure`` in this process (and so in every
-    session TVM's server forks from it)."""
+    """Registers ``collage.device``, ``collage.measure`` and ``collage.time_finalists`` in this
+    process (and so in every session TVM's server forks from it)."""
     tvm.register_global_func("collage.device", functools.partial(device_json, threads), override=True)
     tvm.register_global_func("collage.measure", functools.partial(measure_remote, threads), override=True)
+    tvm.register_global_func("collage.time_finalists", functools.partial(time_finalists, threads), override=True)
 
 
 # How many ports above the first one a server tries, as TVM's own rpc_server does.
@@ -101,7 +110,7 @@ def serve(tracker: tuple[str, int], key: str, threads: int, host: str = "127.0.0
     except (OSError, ValueError) as err:  # no free port, or not an address of this machine
         raise FleetError(f"cannot listen on {host}, ports {port}-{port + PORTS - 1}: {err}") from None
     _address = address = f"{host}:{state.port}"
-    report = device_report(threads, target, address)
+    report = ServerDevice.here(threads, target, address)
     print(f"collage: measuring on {report.device} at {address}, registered under key {key!r} with the tracker at "
           f"{tracker[0]}:{tracker[1]}", file=sys.stderr, flush=True)  # fmt: skip
     state.thread.join()

@@ -25,44 +25,57 @@ from typing import NamedTuple
 import numpy as np
 import tvm
 
-from .cost import Cost, Device
+from ..candidates.backend import default_backends
+from .cost import Cost, Device, cpu_info
 from .isolation import MeasureResult, MeasureTask, weights_in, weights_out
 from .timing import Timing
 from .transition import TransitionTask
 
 # Bumped when the layout changes: a server and a client of different layouts refuse each other.
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
 
 @dataclass(frozen=True)
 class ServerDevice:
     """What a measuring server measures on: the ``Device`` name of its CPU (model, family
     and model number, ISA flags), its thread count, its backends' library versions (name ->
-    ``Backend.library``), and where it listens (for messages)."""
+    ``Backend.library``), where it listens (for messages), the reduced precisions each
+    backend computes in natively there (name -> precisions; only those offering one) and the
+    CPU's ISA flags that decide them (``cost.cpu_info``)."""
 
     name: str
     threads: int
     libraries: dict[str, str]
     address: str
+    precisions: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    isa: list[str] = dataclasses.field(default_factory=list)
     wire: int = WIRE_VERSION
+
+    @classmethod
+    def here(cls, threads: int, target: str, address: str) -> ServerDevice:
+        """This machine measuring on ``threads`` threads for ``target``, as a server reports it."""
+        backends = default_backends()
+        offered = {b.name: list(p) for b in backends if (p := b.reduced_precisions(target))}
+        return cls(Device.this_machine(threads, target).name, threads, {b.name: b.library for b in backends}, address,
+                   offered, cpu_info()["isa"] if target == "llvm" else [])  # fmt: skip
 
     @property
     def device(self) -> Device:
         return Device(self.name, self.threads)
 
-    def differs_from(self, other: ServerDevice) -> str | None:
-        """Why costs measured on ``self`` would not hold on ``other``, or None."""
+    def differs_from(self, other: ServerDevice, other_is: str = "the fleet") -> str | None:
+        """Why costs measured on ``self`` would not hold on ``other`` (called ``other_is``), or None."""
         if self.wire != other.wire:
-            return f"it speaks wire version {self.wire}, the fleet {other.wire}"
+            return f"it speaks wire version {self.wire}, {other_is} {other.wire}"
         if self.name != other.name:
-            return f"its CPU is {self.name}, the fleet's {other.name}"
+            return f"its CPU is {self.name}, {other_is}'s {other.name}"
         if self.threads != other.threads:
-            return f"it measures on {self.threads} thread(s), the fleet on {other.threads}"
+            return f"it measures on {self.threads} thread(s), {other_is} on {other.threads}"
         changed = sorted(b for b in self.libraries.keys() | other.libraries.keys()
                          if self.libraries.get(b) != other.libraries.get(b))  # fmt: skip
         if changed:
             b = changed[0]
-            return f"its {b} is {self.libraries.get(b, 'missing')}, the fleet's {other.libraries.get(b, 'missing')}"
+            return f"its {b} is {self.libraries.get(b, 'missing')}, {other_is}'s {other.libraries.get(b, 'missing')}"
         return None
 
     def to_json(self) -> str:
@@ -83,14 +96,14 @@ def encode(work: MeasureTask | TransitionTask | list[MeasureTask]) -> bytes:
                                  "timing": dataclasses.asdict(work.timing)}}  # fmt: skip
     else:
         header = {"task": _task_header(work, "", arrays)}
-    return _pack(header, arrays)
+    return pack(header, arrays)
 
 
 def decode(data: bytes, backends, threads: int):
     """What ``encode`` wrote, with backends looked up in ``backends`` (a BackendSet) and
     measured on ``threads`` threads (the server's, whatever the client asked for). A backend
     the set lacks raises ``KeyError`` naming it."""
-    header, arrays = _unpack(data)
+    header, arrays = unpack(data)
     if "batch" in header:
         return [_task(h, arrays, backends, threads, f"{k}.") for k, h in enumerate(header["batch"])]
     if "transition" in header:
@@ -103,7 +116,7 @@ def decode(data: bytes, backends, threads: int):
 def count(data: bytes) -> int | None:
     """How many tasks ``data`` (``encode``'s) holds: None for a single task or transition."""
     try:
-        header, _ = _unpack(data)
+        header, _ = unpack(data)
     except Exception:  # noqa: BLE001 -- not even the header can be read: one result answers it
         return None
     return len(header["batch"]) if "batch" in header else None
@@ -122,12 +135,12 @@ def encode_results(answer: Answer) -> bytes:
     arrays: dict[str, np.ndarray] = {}
     many = isinstance(answer.results, list)
     headers = [_result_header(r, f"{k}.", arrays) for k, r in enumerate(answer.results if many else [answer.results])]
-    return _pack({"results": headers, "batch": many, "server": dataclasses.asdict(answer.server),
+    return pack({"results": headers, "batch": many, "server": dataclasses.asdict(answer.server),
                   "seconds": answer.seconds}, arrays)  # fmt: skip
 
 
 def decode_results(data: bytes) -> Answer:
-    header, arrays = _unpack(data)
+    header, arrays = unpack(data)
     results = [_result(h, arrays, f"{k}.") for k, h in enumerate(header["results"])]
     return Answer(results if header["batch"] else results[0], ServerDevice(**header["server"]), header["seconds"])
 
@@ -181,14 +194,17 @@ def _get(arrays: dict, name: str, count: int | None) -> list[np.ndarray] | None:
     return None if count is None else [arrays[f"{name}{k}"] for k in range(count)]
 
 
-def _pack(header: dict, arrays: dict) -> bytes:
+def pack(header: dict, arrays: dict) -> bytes:
+    """A JSON ``header`` and named ``arrays`` as one message: the header's length, the header,
+    an ``.npz`` archive."""
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     text = json.dumps(header).encode()
     return len(text).to_bytes(8, "little") + text + buffer.getvalue()
 
 
-def _unpack(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
+def unpack(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
+    """What ``pack`` wrote; arrays are read without unpickling anything."""
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + size])
     with np.load(io.BytesIO(data[8 + size :]), allow_pickle=False) as archive:
