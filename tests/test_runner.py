@@ -45,3 +45,21 @@ def test_inputs_are_drawn_inside_each_operators_domain():
 def test_a_scalar_input_keeps_its_shape():
     (scalar,) = random_inputs(_unary("exp", shape=()))
     assert scalar.shape == () and scalar.dtype == np.float32
+
+
+def test_multiply_adds_count_convolutions_and_products():
+    # Heavy models get their values from optimized code (``OPTIMIZED_VALUES_MACS``).
+    from collage.measuring.runner import multiply_adds
+    from collage.model.graph import DataflowGraph
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 8, 8), "float32"))
+    a = relax.Var("a", relax.TensorType((2, 5), "float32"))
+    with bb.function("main", [x, a]):
+        with bb.dataflow():
+            w = relax.const(np.ones((4, 3, 3, 3), "float32"))
+            conv = bb.emit(relax.op.nn.conv2d(x, w))  # (1, 4, 6, 6): 144 outputs of 27 each
+            prod = bb.emit(relax.op.matmul(a, relax.const(np.ones((5, 7), "float32"))))  # 14 outputs of 5
+            out = bb.emit_output(relax.Tuple([conv, prod]))
+        bb.emit_func_output(out)
+    assert multiply_adds(DataflowGraph.from_module(bb.get())) == 144 * 27 + 14 * 5
