@@ -236,7 +236,8 @@ def optimize_command(args) -> int:
     calibration = [_input_set(path) for path in args.calibration or ()]
     opt = optimize_with(config, mod, backends, args.log, onnx_model=args.model, calibration=calibration or None)
     print(opt.report())
-    print(f"\nplacement written to {save_placement(opt, args.out)}")
+    made_for = f" (for {opt.optimized_for})" if opt.record.optimized_for is not None else ""
+    print(f"\nplacement written to {save_placement(opt, args.out)}{made_for}")
     if args.export is not None:
         print(f"module exported to {opt.export(args.export)}")
     if args.draw is not None:

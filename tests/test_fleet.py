@@ -23,7 +23,8 @@ from collage.measuring.rpc_runner import FleetError, RPCRunner
 from collage.measuring.server import measure_remote
 from collage.measuring.timing import Timing
 from collage.measuring.transition import TransitionTask
-from collage.measuring.wire import Answer, ServerDevice, decode, decode_results, encode, encode_results
+from collage.measuring.wire import (Answer, ArrayStore, MissingArrays, ServerDevice, decode, decode_results, digest, encode,
+                                    encode_results)
 from collage.assembling.checked import assemble_and_check
 from collage.candidates.backend import BackendSet, default_backends
 from collage.candidates.generate import Candidate
@@ -93,15 +94,54 @@ def test_a_task_travels_as_json_and_arrays_with_its_backend_by_name():
 def test_results_travel_with_the_device_that_measured_them():
     server = ServerDevice("Some CPU (family 6 model 1; avx2)", 2, {"tvm": "Apache TVM 0.27"}, "10.0.0.1:9091")
     results = [MeasureResult(Cost.of(1.5, 0.1, 5), [np.ones(3, "float32")]), MeasureResult(Cost.invalid("no"), timed_out=True)]
-    got, device, seconds = decode_results(encode_results(Answer(results, server, 1.25)))
+    got, device, seconds, _ = decode_results(encode_results(Answer(results, server, 1.25)))
     assert device == server and seconds == 1.25 and device.device == Device("Some CPU (family 6 model 1; avx2)", 2)
     assert got[0].cost == results[0].cost and got[1].cost == results[1].cost and got[1].timed_out
     np.testing.assert_array_equal(got[0].reference[0], np.ones(3))
 
 
+def test_an_array_crosses_once_per_server_and_again_when_the_server_let_it_go(monkeypatch):
+    from collage.measuring import server
+
+    x = np.arange(64 * 64, dtype="float32").reshape(64, 64)
+    sent = task(inputs=[x], reference=[x + 0.5])
+    known = set()
+    first = encode(sent, known)
+    assert len(known) == 3  # the weight, the input, the reference
+    again = encode(sent, set(known))
+    assert len(again) < len(first) - 3 * x.nbytes  # by digest alone
+    store = ArrayStore()
+    decode(first, default_backends(), 1, store)
+    got = decode(again, default_backends(), 1, store)
+    np.testing.assert_array_equal(got.reference[0], x + 0.5)
+    assert tvm_ffi.structural_equal(got.func, sent.func)
+    with pytest.raises(MissingArrays):
+        decode(again, default_backends(), 1, ArrayStore())
+    # Within one message too, a value several tasks read goes once.
+    twice = encode([sent, sent], set())
+    assert len(twice) < len(first) + x.nbytes
+    assert [np.array_equal(t.inputs[0], x) for t in decode(twice, default_backends(), 1, ArrayStore())] == [True, True]
+    # A server that no longer holds them says so, and measures nothing.
+    monkeypatch.setattr(server, "_store", ArrayStore())
+    answer = decode_results(bytes(measure_remote(1, again)))
+    assert answer.missing and answer.results is None
+    assert not decode_results(bytes(measure_remote(1, first))).missing
+
+
+def test_the_array_store_lets_the_least_recently_used_go_past_its_bound():
+    store = ArrayStore(limit_bytes=3 * 400)
+    arrays = [np.full(100, k, "float32") for k in range(4)]  # 400 bytes each
+    for k, a in enumerate(arrays[:3]):
+        store.put(digest(a), a)
+    assert store.get(digest(arrays[0])) is not None  # used: kept over the second
+    store.put(digest(arrays[3]), arrays[3])
+    assert store.get(digest(arrays[1])) is None and len(store) == 3 and store.bytes == 1200
+    assert digest(arrays[0]) != digest(arrays[0].astype("float64")) != digest(arrays[0].reshape(10, 10))
+
+
 def test_a_server_measures_what_it_lacks_as_invalid_with_the_reason():
     data = bytes(measure_remote(1, encode([task(NUMPY)] * 2)))
-    results, device, _ = decode_results(data)
+    results, device, _, _ = decode_results(data)
     assert len(results) == 2 and all(r.cost.is_invalid for r in results)
     assert "cannot measure it" in results[0].cost.reason and "numpy" in results[0].cost.reason
     assert device.threads == 1 and device.name == Device.this_machine(1).name and device.isa == cpu_info()["isa"]

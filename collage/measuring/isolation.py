@@ -125,9 +125,9 @@ def _task(backend, lifted, weights, pattern, target, threads, seed, timing, refe
 
 @dataclass(frozen=True)
 class MeasureResult:
-    """The candidate's cost, and TVM's outputs for its sub-graph when the task had none (the
-    candidate's own when it is TVM's, else a reference run's) so later tasks are checked
-    against them. ``timed_out``: the candidate overran the runner's deadline, which a busy
+    """The candidate's cost, and TVM's outputs for its sub-graph when the task had none and
+    drew its inputs from its seed (the candidate's own when it is TVM's, else a reference
+    run's) so later tasks are checked against them. ``timed_out``: the candidate overran the runner's deadline, which a busy
     machine can cause as well as a hanging library, so its failure is not for keeping."""
 
     cost: Cost
@@ -180,7 +180,9 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
         actual = [o.numpy() for o in outputs]
         if reference is None:
             reference = actual if backend.name == REFERENCE_BACKEND else run_reference(func, arrays)
-        found = reference if task.reference is None else None
+        # A reference found for inputs drawn here serves later tasks of the same sub-graph; one
+        # for the caller's inputs (a model's own values) the caller holds already.
+        found = reference if task.reference is None and task.inputs is None else None
         problem = mismatch(actual, reference, task.rtol)
         if problem is not None:
             return MeasureResult(Cost.invalid(f"wrong result: {problem}"), found)

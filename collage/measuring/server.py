@@ -29,9 +29,10 @@ from ..candidates.backend import default_backends
 from .cost import Cost
 from .isolation import MeasureResult, WorkerProcess
 from .runner import first_line
-from .wire import Answer, ServerDevice, count, decode, encode_results
+from .wire import Answer, ArrayStore, MissingArrays, ServerDevice, count, decode, encode_results
 
 _worker: WorkerProcess | None = None  # this session's (each session is a process of its own)
+_store = ArrayStore()  # the arrays this session was sent, by digest (weights cross the network once)
 _address = "?"  # where this server listens, once it does (for its reports)
 
 
@@ -39,7 +40,9 @@ def measure_remote(threads: int, data: bytes) -> bytes:
     """``collage.measure``: never raises; a task it cannot read is measured as invalid."""
     address, started = _address, time.perf_counter()
     try:
-        work = decode(bytes(data), default_backends(), threads)
+        work = decode(bytes(data), default_backends(), threads, _store)
+    except MissingArrays:  # evicted since the client sent them: it sends the work whole
+        return encode_results(Answer(None, ServerDevice.here(threads, "llvm", address), 0.0, missing=True))
     except Exception as err:  # noqa: BLE001 -- an unknown backend, no energy meter here: the candidate's cost
         failed = MeasureResult(Cost.invalid(f"the measuring server at {address} cannot measure it: {first_line(err)}"))
         n = count(data)
