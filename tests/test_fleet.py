@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import threading
@@ -25,6 +26,7 @@ from collage.measuring.timing import Timing
 from collage.measuring.transition import TransitionTask
 from collage.measuring.wire import (Answer, ArrayStore, MissingArrays, ServerDevice, decode, decode_results, digest, encode,
                                     encode_results)
+from collage.assembling.assemble import Assembly
 from collage.assembling.checked import assemble_and_check
 from collage.candidates.backend import BackendSet, default_backends
 from collage.candidates.generate import Candidate
@@ -32,7 +34,9 @@ from collage.candidates.subgraph import SubGraph
 from collage.deploying.saved import PlacementWarning
 from collage.errors import OptimizeError
 from collage.model.graph import DataflowGraph
+from collage.measuring.runner import build_vm
 from collage.placing import elsewhere
+from collage.placing.finalists import Finalist
 from collage.placing.placement import Partition, Placement, tvm_op
 from experiments import models
 from experiments.fleet_bench import HOST, free_port, kill, start_server, start_tracker, wait_registered
@@ -273,21 +277,22 @@ def test_a_race_travels_as_placements_and_comes_back_as_rounds():
     on_tvm = Placement(graph, tuple(tvm_op(graph, i, "tvm.op") for i in range(len(graph))))
     finalists = {name: assemble_and_check(graph, p, expected, [x], here, "llvm", 1)
                  for name, p in (("numpy", on_numpy), ("tvm", on_tvm))}  # fmt: skip
+    finalists["unplaced"] = Finalist([], Assembly(mod), build_vm(mod), math.nan)  # the module as TVM runs it
     data = elsewhere.request(finalists, mod, {}, None, [x], expected, "llvm", None, metered=False)
 
     cannot = dataclasses.replace(CANNOT_COMPILE, name="numpy")  # this server's numpy cannot compile it
     answer = elsewhere.answer_of(elsewhere.run(data, 1, "10.0.0.2:9091", BackendSet([default_backends()["tvm"], cannot])))
     assert answer.server.address == "10.0.0.2:9091" and answer.server.threads == 1 and not answer.left_out
     assert [e["backend"] for e in answer.ran["numpy"]] == ["tvm"] * 3 and "tvm" not in answer.ran
-    race = answer.keyed({"numpy": "N", "tvm": "T"}).race
-    assert len(race.rounds) >= 7 and set(race.rounds[0]) == {"N", "T"}
+    race = answer.keyed({"numpy": "N", "tvm": "T", "unplaced": "U"}).race
+    assert len(race.rounds) >= 7 and set(race.rounds[0]) == {"N", "T", "U"}
     # Rebuilt here as it ran there: what is kept is what was timed.
     ran = elsewhere.as_ran_there(finalists["numpy"], answer.ran["numpy"], "CPU B", ([x], expected), here, "llvm", 1, None)
     assert {p.backend for p in ran.partitions} == {"tvm"} and ran.fallbacks[0][1] == "it fell back to tvm on CPU B"
     np.testing.assert_allclose(ran.vm["main"](tvm.runtime.tensor(x)).numpy(), expected[0], rtol=1e-5)
 
     lacking = elsewhere.answer_of(elsewhere.run(data, 1, "b:1", BackendSet([default_backends()["tvm"]])))
-    assert "numpy" in lacking.left_out["numpy"] and set(lacking.timed.costs) == {"tvm"}
+    assert "numpy" in lacking.left_out["numpy"] and set(lacking.timed.costs) == {"tvm", "unplaced"}
     garbled = elsewhere.run(b"\0" * 8 + b"{}", 1, "c:1")
     with pytest.raises(OptimizeError, match="could not be timed on .* at c:1: JSONDecodeError"):
         elsewhere.answer_of(garbled)
