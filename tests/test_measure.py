@@ -143,7 +143,8 @@ def test_candidates_no_winning_placement_would_use_are_not_measured_nor_logged(t
     numpy = [c for c in candidates if c.backend == "numpy" and len(c.subgraph) < 3]
     assert len(m.skipped) == len(numpy) == 5 and set(m.skipped.values()) <= {TVM_CHEAPER, WHOLE_MODEL_FASTER}
     assert all(m.cost(c).reason.startswith("not measured: TVM runs these ops in ") for c in numpy)
-    assert len(m.log.rows("numpy")) == 1 and m.measured == len(candidates) - len(numpy)
+    kernels = [r for r in m.log.rows("numpy") if r.key != "transition"]  # the transition is measured beside the whole model
+    assert len(kernels) == 1 and m.measured == len(candidates) - len(numpy)
 
 
 def test_a_runner_of_several_servers_gets_a_batch_for_each(tmp_path):
@@ -308,3 +309,20 @@ def test_a_task_travels_as_text_and_arrays_and_arrives_whole():
     arrived = pickle.loads(pickle.dumps(task))
     assert tvm_ffi.structural_equal(arrived.func, f, map_free_vars=True)
     assert arrived.backend == NUMPY and arrived.timing == FAST
+
+
+def test_transitions_are_measured_beside_the_whole_model_candidates(tmp_path):
+    # On a fleet they then take servers of their own, instead of one after another later.
+    class Recording(InProcess):
+        def __init__(self):
+            self.calls = []
+
+        def run_all(self, works, on_result):
+            self.calls.append([type(w).__name__ if not isinstance(w, list) else "batch" for w in works])
+            super().run_all(works, on_result)
+
+    runner = Recording()
+    m = measurer(tmp_path, NUMPY, runner=runner)
+    m.measure_all(generate(DataflowGraph.from_module(Unary), m.backends), progress=False)
+    assert "TransitionTask" in runner.calls[0] and not any("TransitionTask" in call for call in runner.calls[1:])
+    assert m.log.get(m.transition_key("numpy")) is not None and m.transition_ms("numpy") >= 0

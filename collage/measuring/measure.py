@@ -107,11 +107,21 @@ class Measurer:
             key = self.transition_key(backend)
             cost = self.log.get(key)
             if cost is None:
-                task = TransitionTask.of(self.backends[backend], self.target, self.device.threads, self.timing)
-                cost = self.log.put(key, self.runner.run(task).cost)
-            # A backend that runs none of the probes has no measured transition: it is charged none.
-            self._transitions[backend] = cost.value_ms if cost.is_valid else 0.0
+                cost = self.log.put(key, self.runner.run(self._transition_task(backend)).cost)
+            self._keep_transition(backend, cost)
         return self._transitions[backend]
+
+    def _transition_task(self, backend: str) -> TransitionTask:
+        return TransitionTask.of(self.backends[backend], self.target, self.device.threads, self.timing)
+
+    def _keep_transition(self, backend: str, cost: Cost) -> None:
+        # A backend that runs none of the probes has no measured transition: it is charged none.
+        self._transitions[backend] = cost.value_ms if cost.is_valid else 0.0
+
+    def _missing_transitions(self, candidates: list[Candidate]) -> list[str]:
+        """The backends of ``candidates`` whose transition is neither known nor logged."""
+        backends = sorted({c.backend for c in candidates} - {REFERENCE_BACKEND} - set(self._transitions))
+        return [b for b in backends if self.log.get(self.transition_key(b)) is None]
 
     def key(self, candidate: Candidate) -> LogKey:
         backend = self.backends[candidate.backend]
@@ -179,8 +189,9 @@ class Measurer:
         alone = [c for c in todo if not in_batches(c)]
         with tqdm(total=len(todo), desc="measuring", unit="candidate", disable=not progress or not todo,
                   file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5) as bar:
-            # Whole-model candidates first: what they cost bounds the rest.
-            self._measure_many(batches + [c for c in alone if _whole(c)], bar)
+            # Whole-model candidates first: what they cost bounds the rest, as the transitions
+            # do, which are measured beside them (on a fleet, at once).
+            self._measure_many(batches + [c for c in alone if _whole(c)], bar, self._missing_transitions(todo))
             rest = [c for c in alone if not _whole(c)]
             bound = SearchBound.of(candidates, self) if rest else None
             measured = []
@@ -202,10 +213,10 @@ class Measurer:
         size = math.ceil(len(candidates) / count)
         return [candidates[start : start + size] for start in range(0, len(candidates), size)]
 
-    def _measure_many(self, groups: list[Candidate | list[Candidate]], bar) -> None:
-        """Each candidate measured on the runner (a list of them: a batch, ``run_batch``), all
-        at once where the runner has several machines (``run_all``), each logged as its result
-        comes back."""
+    def _measure_many(self, groups: list[Candidate | list[Candidate]], bar, transitions: list[str] = ()) -> None:
+        """Each candidate measured on the runner (a list of them: a batch, ``run_batch``), and
+        the ``transitions`` of these backends, all at once where the runner has several
+        machines (``run_all``), each logged as its result comes back."""
         works, sent = [], []
         for group in groups:
             batch = group if isinstance(group, list) else [group]
@@ -221,7 +232,14 @@ class Measurer:
                 works.append([t for _, t in pending] if isinstance(group, list) else pending[0][1])
                 sent.append(pending)
 
+        first_transition = len(works)
+        works += [self._transition_task(b) for b in transitions]
+
         def done(index: int, result) -> None:
+            if index >= first_transition:
+                backend = transitions[index - first_transition]
+                self._keep_transition(backend, self.log.put(self.transition_key(backend), result.cost))
+                return
             results = result if isinstance(result, list) else [result]
             for (c, task), r in zip(sent[index], results):
                 self._keep(c, self._result(task, r), r.timed_out)
