@@ -2,7 +2,8 @@
 
 ``save_placement`` writes which backend runs which operators, with the model's structural
 hash and the device it was measured and timed on (this machine, or the device of the fleet
-it was optimized through), so the placement can be used again without measuring. ``collage.load_placement`` (in
+it was optimized through), so the placement can be used again without measuring.
+``collage.load_placement`` (in
 ``collage.api``: the stages of ``optimize`` with the placement fixed) reads it back here:
 ``read_placement``, the substitutions to replay (``replay_substitutions``), the checks that
 it is the model the placement was made for (``check_model``, ``check_backends``), and each

@@ -127,8 +127,9 @@ def _task(backend, lifted, weights, pattern, target, threads, seed, timing, refe
 class MeasureResult:
     """The candidate's cost, and TVM's outputs for its sub-graph when the task had none and
     drew its inputs from its seed (the candidate's own when it is TVM's, else a reference
-    run's) so later tasks are checked against them. ``timed_out``: the candidate overran the runner's deadline, which a busy
-    machine can cause as well as a hanging library, so its failure is not for keeping."""
+    run's) so later tasks are checked against them. ``timed_out``: the candidate overran the
+    runner's deadline, which a busy machine can cause as well as a hanging library, so its
+    failure is not for keeping."""
 
     cost: Cost
     reference: list[np.ndarray] | None = None

@@ -121,14 +121,15 @@ def to_tensors(arrays, device=None) -> list[tvm.runtime.Tensor]:
 REFERENCE_TARGET = {"kind": "llvm", "opt-level": 0}
 
 
-def reference_vm(mod: tvm.IRModule) -> relax.VirtualMachine:
-    """``mod`` compiled by TVM's default CPU pipeline, unoptimized by LLVM (``REFERENCE_TARGET``)."""
-    return relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(REFERENCE_TARGET)), tvm.cpu())
+def reference_vm(mod: tvm.IRModule, target=REFERENCE_TARGET) -> relax.VirtualMachine:
+    """``mod`` compiled by TVM's default CPU pipeline, unoptimized by LLVM (``REFERENCE_TARGET``)
+    unless another CPU ``target`` is given."""
+    return relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(target)), tvm.cpu())
 
 
-def run_reference(func: relax.Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """``func``'s outputs on ``arrays`` from its ``reference_vm``, as numpy arrays."""
-    return numpy_outputs(reference_vm(as_module(func))["main"](*to_tensors(arrays)))
+def run_reference(func: relax.Function, arrays: list[np.ndarray], target=REFERENCE_TARGET) -> list[np.ndarray]:
+    """``func``'s outputs on ``arrays`` from its ``reference_vm`` (for ``target``), as numpy arrays."""
+    return numpy_outputs(reference_vm(as_module(func), target)["main"](*to_tensors(arrays)))
 
 
 # Above this, a model's intermediate values are not all kept (``intermediate_values``).
@@ -152,10 +153,8 @@ def intermediate_values(graph, seed: int = 0) -> dict[relax.Expr, np.ndarray] | 
     except ValueError:  # a symbolic shape
         return None
     whole = SubGraph(graph, frozenset(range(len(graph))))
-    func = whole.extract(outputs=tensors)
     target = REFERENCE_TARGET if multiply_adds(graph) < OPTIMIZED_VALUES_MACS else "llvm"
-    vm = relax.VirtualMachine(tvm.compile(as_module(func), target=tvm.target.Target(target)), tvm.cpu())
-    values = numpy_outputs(vm["main"](*to_tensors([arrays[p] for p in whole.arguments()])))
+    values = run_reference(whole.extract(outputs=tensors), [arrays[p] for p in whole.arguments()], target)
     return {**arrays, **{graph[i].var: value for i, value in zip(tensors, values)}}
 
 

@@ -34,9 +34,10 @@ from ..measuring.cost import Cost
 from ..measuring.isolation import weights_in, weights_out
 from ..measuring.runner import build_vm, first_line
 from ..measuring.wire import ServerDevice, pack, unpack
-from ..deploying.saved import PlacementFileError, candidate_of, check_model, model_hash, partition_entry, replay_substitutions
+from ..deploying.saved import (PlacementFileError, candidate_of, check_model, model_hash, partition_entry,
+                              replay_substitutions, runs_file)
 from ..model.prepare import dataflow_graph
-from .engine_alone import FILE_SUFFIX, EngineAloneFailed, checked_on_file
+from .engine_alone import EngineAloneFailed, checked_on_file
 from .finalists import Finalist, Race, Timed, time_finalists
 from .placement import Partition, Placement
 
@@ -166,7 +167,7 @@ def _race(header: dict, arrays: dict, backends: BackendSet, threads: int) -> dic
             graph = dataflow_graph(replay_substitutions(module, placement, label))
             check_model(graph, placement, label)
             partitions = [Partition(candidate_of(graph, entry), Cost.unknown()) for entry in entries]
-            if len(partitions) == 1 and partitions[0].pattern == f"{partitions[0].backend}{FILE_SUFFIX}":
+            if runs_file(placement):
                 if onnx_model is None:
                     raise OptimizeError("it runs the model's ONNX file, which was not sent")
                 built[label] = checked_on_file(module, graph, backends[partitions[0].backend], onnx_model,
