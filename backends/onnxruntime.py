@@ -83,6 +83,7 @@ def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool 
     kernel.bound = lambda tensors: functools.partial(session.run_with_iobinding, bindings.get(tensors))
 
     kernel.session = session  # its settings are what tests and reports read
+    kernel.bindings = bindings
     return kernel
 
 

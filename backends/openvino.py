@@ -64,6 +64,7 @@ def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool 
         requests.get(tensors).infer()
 
     kernel.bound = lambda tensors: requests.get(tensors).infer
+    kernel.bindings = requests
     return kernel
 
 

@@ -66,11 +66,22 @@ class Assembly:
     def __post_init__(self):
         weakref.finalize(self, _unregister, [name for _, name, _ in self.kernels])
 
+    def kernel_map(self) -> dict:
+        """Each library kernel by the name ``main`` calls it."""
+        return {name: kernel for _, name, kernel in self.kernels}
+
 
 def bound_main(assembly: Assembly, vm: relax.VirtualMachine, inputs: list, device) -> Callable[[], object]:
     """``main`` on ``inputs``, bound once for a caller that runs the same buffers again and
     again (a serving loop, a benchmark, the finalists' race): a call with no arguments that
-    returns ``main``'s outputs.
+    returns ``main``'s outputs (``bound_function``)."""
+    return bound_function(assembly.module["main"], assembly.kernel_map(), vm, inputs, device)
+
+
+def bound_function(main: relax.Function, kernels: dict, vm: relax.VirtualMachine, inputs: list,
+                   device) -> Callable[[], object]:  # fmt: skip
+    """``main`` (calling the library ``kernels``, by registered name) on ``inputs``, bound
+    once: a call with no arguments that returns its outputs.
 
     When ``main`` is nothing but one library kernel on its parameters (an engine running the
     whole model), the call goes to that kernel directly, into output tensors allocated here
@@ -80,13 +91,13 @@ def bound_main(assembly: Assembly, vm: relax.VirtualMachine, inputs: list, devic
     Xeon: 662 us against 643): the VM's and the FFI's call path, evicted from the caches by the
     engine's run, is cold on every call (a VM call of a Python no-op took 1.3 us warm, 13.8
     us after 8 MB of other work). Otherwise each call runs ``main`` on the VM."""
-    direct = _sole_kernel(assembly)
+    direct = sole_kernel(main, kernels)
     if direct is None:
         return functools.partial(vm["main"], *inputs)
-    kernel, out_ty = direct
+    kernel, out_ty, arrange = direct
     out_types = list(out_ty.fields) if isinstance(out_ty, relax.TupleType) else [out_ty]
     outputs = [tvm.runtime.empty(static_shape(t), str(t.dtype), device) for t in out_types]
-    result = tuple(outputs) if isinstance(out_ty, relax.TupleType) else outputs[0]
+    result = arrange(tuple(outputs) if isinstance(out_ty, relax.TupleType) else outputs[0])
     tensors = [*inputs, *outputs]
     bound = getattr(kernel, "bound", None)
     run = bound(tensors) if bound is not None else functools.partial(kernel, *tensors)
@@ -96,16 +107,19 @@ def bound_main(assembly: Assembly, vm: relax.VirtualMachine, inputs: list, devic
         return result
 
     call.buffers = tensors  # what run() reads and writes: a library's binding does not keep them alive
+    call.result = result  # what every call returns, its outputs overwritten
 
     return call
 
 
-def _sole_kernel(assembly: Assembly):
-    """(kernel, output type) when ``main`` is one ``call_dps_packed`` of a library kernel on
-    all of its parameters in order, returned as it is; else None."""
-    main = assembly.module["main"]
+def sole_kernel(main: relax.Function, kernels: dict):
+    """(kernel, its output type, arrange) when ``main`` is one ``call_dps_packed`` of a library
+    kernel (one of ``kernels``, by name) on all of its parameters in order, its outputs
+    returned as they are or regrouped (a tuple of them, as a model imported from
+    ``torch.export`` returns even one output): ``arrange(outputs)`` is ``main``'s result from
+    the kernel's. Else None."""
     bindings = [b for block in main.body.blocks for b in block.bindings]
-    if len(bindings) != 1 or not main.body.body.same_as(bindings[0].var):
+    if not bindings:
         return None
     call = bindings[0].value
     if not (isinstance(call, relax.Call) and call.op.same_as(tvm.ir.Op.get("relax.call_dps_packed"))):
@@ -115,10 +129,39 @@ def _sole_kernel(assembly: Assembly):
         return None
     if not all(a.same_as(p) for a, p in zip(args.fields, main.params)):
         return None
-    kernels = {name: kernel for _, name, kernel in assembly.kernels}
     if callee.global_symbol not in kernels:
         return None
-    return kernels[callee.global_symbol], call.ty
+    regrouped = bindings[1:]
+    if not all(_regroups(b.value) for b in regrouped):
+        return None
+
+    def arrange(outputs):
+        known = {bindings[0].var: outputs}
+        for b in regrouped:
+            known[b.var] = _regrouped(b.value, known)
+        return _regrouped(main.body.body, known)
+
+    try:
+        arrange(None)  # every name it reads is the kernel's or a regrouping's
+    except KeyError:
+        return None
+    return kernels[callee.global_symbol], call.ty, arrange
+
+
+def _regroups(value) -> bool:
+    return isinstance(value, (relax.Tuple, relax.TupleGetItem, relax.Var))
+
+
+def _regrouped(expr, known: dict):
+    """``expr``'s value when it only regroups values in ``known`` (var -> value)."""
+    if isinstance(expr, relax.Var):
+        return known[expr]
+    if isinstance(expr, relax.Tuple):
+        return tuple(_regrouped(f, known) for f in expr.fields)
+    if isinstance(expr, relax.TupleGetItem):
+        value = _regrouped(expr.tuple_value, known)
+        return None if value is None else value[expr.index]
+    raise KeyError(expr)
 
 
 def _unregister(names: list[str]) -> None:

@@ -35,10 +35,12 @@ class BoundBuffers:
     request), made once per set of buffers: binding costs more than running a small op, and
     the caller may pass the same few buffers again and again. ``get(tensors)`` returns the
     binding ``bind(tensors)`` made for the same pointers and shapes, keeping the last
-    ``keep`` (a whole model's binding holds its intermediate buffers)."""
+    ``keep`` (a whole model's binding holds its intermediate buffers). ``made`` counts the
+    bindings made: one per call where a caller hands new buffers every time."""
 
     def __init__(self, bind: Callable, keep: int = 4):
         self.bind, self.keep = bind, keep
+        self.made = 0
         self._bound: dict[tuple, object] = {}
 
     def get(self, tensors):
@@ -48,6 +50,7 @@ class BoundBuffers:
             if len(self._bound) >= self.keep:
                 self._bound.pop(next(iter(self._bound)))
             bound = self._bound[key] = self.bind(tensors)
+            self.made += 1
         return bound
 
 

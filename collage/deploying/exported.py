@@ -12,6 +12,8 @@
     kernels/K.onnx    an ONNX model an engine runs with its users' settings, whole or all
                       but trivial ops: the user's own file, or collage's conversion (read
                       back faster than TVM's JSON of a whole model's weights)
+    main.json         where ``main`` is one engine's kernel: that ``main`` (TVM's JSON), so
+                      the loaded module calls the kernel without the VM, as ``opt(x)`` does
 
 ``load`` reads the manifest, compiles each library's kernel again from its file (sessions
 of ONNX Runtime or OpenVINO, torch functions: no TVM code is compiled and nothing is
@@ -23,6 +25,7 @@ since the module still runs right, only its placement may no longer be the faste
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -36,12 +39,14 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from ..assembling.assemble import sole_kernel
+from ..assembling.caller import Caller
 from ..candidates.backend import Backend, BackendSet, default_backends, installed_version
 from ..candidates.onnx_convert import to_onnx
 from ..candidates.precision import FLOAT32
 from ..measuring.cost import Device
-from ..measuring.runner import (compile_kernel, compile_onnx_kernel, device_for, input_tensors, random_array,
-                                static_shape, to_numpy, to_tensors)
+from ..measuring.runner import (compile_kernel, compile_onnx_kernel, device_for, random_array, static_shape,
+                                to_tensors)
 from ..measuring.threads import pin_threads
 from .saved import placement_record
 
@@ -49,6 +54,7 @@ FORMAT = "collage-export"
 VERSION = 1
 MANIFEST = "manifest.json"
 TVM_LIBRARY = "tvm.so"
+MAIN = "main.json"
 KERNELS = "kernels"
 # The distributions whose versions decide whether an export still loads and runs as it did.
 TVM_DISTRIBUTIONS = ("apache-tvm", "apache-tvm-ffi")  # a difference is an error
@@ -91,6 +97,9 @@ def export(opt, path: str | os.PathLike) -> Path:
         })  # fmt: skip
     tvm.compile(assembly.module, target=opt.target).export_library(str(path / TVM_LIBRARY))
     main = assembly.module["main"]
+    (path / MAIN).unlink(missing_ok=True)
+    if sole_kernel(main, assembly.kernel_map()) is not None:  # small: no weights in it
+        (path / MAIN).write_text(tvm.ir.save_json(main))
     manifest = {
         "format": FORMAT,
         "version": VERSION,
@@ -128,15 +137,22 @@ class ExportedModule:
     manifest: dict
     load_s: float
     vm: relax.VirtualMachine = field(repr=False)
-    kernels: list = field(default_factory=list, repr=False)  # the libraries' kernels the VM calls
+    kernels: dict = field(default_factory=dict, repr=False)  # the libraries' kernels the VM calls, by name
+    main_function: relax.Function | None = field(default=None, repr=False)  # ``main`` when it is one kernel
 
     def __call__(self, *arrays):
-        signature = [(i["name"], tuple(i["shape"]), i["dtype"]) for i in self.manifest["inputs"]]
-        return to_numpy(self.main(*input_tensors(signature, arrays, device_for(self.target))))
+        return self.caller.numpy(*arrays)
 
     @property
     def main(self):
-        return self.vm["main"]
+        """``main`` on ``tvm.runtime.Tensor`` inputs, copied into the module's own buffers
+        (``collage.assembling.caller``)."""
+        return self.caller.tensors
+
+    @functools.cached_property
+    def caller(self) -> Caller:
+        signature = [(i["name"], tuple(i["shape"]), i["dtype"]) for i in self.manifest["inputs"]]
+        return Caller(self.vm, signature, device_for(self.target), self.main_function, self.kernels)
 
     def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Inputs of the right shapes and types, drawn as ``runner.random_inputs`` draws them
@@ -214,7 +230,8 @@ def load(
     finally:
         for name in kernels:
             tvm_ffi.remove_global_func(name)
-    return ExportedModule(manifest, time.perf_counter() - started, vm, list(kernels.values()))
+    main = tvm.ir.load_json((path / MAIN).read_text()) if (path / MAIN).is_file() else None
+    return ExportedModule(manifest, time.perf_counter() - started, vm, kernels, main)
 
 
 def _check_tvm(manifest: dict, path: Path) -> None:

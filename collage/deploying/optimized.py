@@ -8,8 +8,9 @@ import tvm
 from tvm import relax
 
 from ..assembling.assemble import Assembly, bound_main
+from ..assembling.caller import Caller
 from ..measuring.cost import Cost, Device
-from ..measuring.runner import device_for, input_tensors, static_shape, to_numpy
+from ..measuring.runner import device_for, static_shape
 from ..model.simplify import SimplifyReport
 from ..placing.placement import Partition
 from ..record import RunRecord
@@ -21,7 +22,9 @@ from .saved import save_placement
 
 @dataclass
 class OptimizedModule:
-    """The placed and assembled model. Call it with numpy arrays like the original ``main``."""
+    """The placed and assembled model. Call it with numpy arrays like the original ``main``:
+    the arrays are copied into buffers made once, which the libraries bind once
+    (``collage.assembling.caller``)."""
 
     module: tvm.IRModule  # the assembled Relax module (kernels outside TVM by call_dps_packed)
     placement: list[Partition]
@@ -37,10 +40,20 @@ class OptimizedModule:
     _assembly: Assembly | None = field(default=None, repr=False)
     _vm: relax.VirtualMachine | None = field(default=None, repr=False)
     _params: list[relax.Var] = field(default_factory=list, repr=False)
+    _caller: Caller | None = field(default=None, repr=False)
 
     def __call__(self, *arrays):
-        signature = [(p.name, static_shape(p.ty), str(p.ty.dtype)) for p in self._params]
-        return to_numpy(self._vm["main"](*input_tensors(signature, arrays, device_for(self.target))))
+        return self.caller.numpy(*arrays)
+
+    @property
+    def caller(self) -> Caller:
+        """How ``opt(x)`` and ``main`` reach the module: on input buffers of its own, made at
+        the first call."""
+        if self._caller is None:
+            signature = [(p.name, static_shape(p.ty), str(p.ty.dtype)) for p in self._params]
+            self._caller = Caller(self._vm, signature, device_for(self.target), self._assembly.module["main"],
+                                  self._assembly.kernel_map())
+        return self._caller
 
     @property
     def optimized_for(self) -> Device:
@@ -56,10 +69,11 @@ class OptimizedModule:
 
     @property
     def main(self):
-        """The assembled ``main`` on the Relax VM, taking ``tvm.runtime.Tensor`` inputs (new
-        ones on each call, as the torch.compile backend passes them); callers that run the
-        same inputs again and again, such as benchmarks, call ``bind`` instead."""
-        return self._vm["main"]
+        """The assembled ``main``, taking ``tvm.runtime.Tensor`` inputs (new ones on each call,
+        as the torch.compile backend passes them, are copied into the module's own buffers)
+        and returning outputs the caller may keep; callers that run the same buffers again
+        and again, such as a serving loop, may call ``bind`` instead."""
+        return self.caller.tensors
 
     def bind(self, *tensors):
         """``main`` bound to these ``tvm.runtime.Tensor`` inputs, for callers that run the same

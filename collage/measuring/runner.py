@@ -188,23 +188,6 @@ def _bytes(ty: relax.TensorType) -> int:
     return int(np.prod(static_shape(ty), dtype=np.int64)) * np.dtype(str(ty.dtype)).itemsize
 
 
-def input_tensors(signature, arrays, device) -> list:
-    """``arrays`` (numpy arrays or anything ``np.asarray`` takes) as tensors on ``device``,
-    each checked against ``signature``: (name, shape, dtype) of every input, in order. A
-    contiguous array is not copied; a 0-d (scalar) input stays 0-d."""
-    if len(arrays) != len(signature):
-        names = ", ".join(name for name, _, _ in signature)
-        raise TypeError(f"the model takes {len(signature)} input(s) ({names}), got {len(arrays)}")
-    tensors = []
-    for (name, shape, dtype), array in zip(signature, arrays):
-        array = np.asarray(array)
-        if array.shape != tuple(shape) or str(array.dtype) != dtype:
-            raise ValueError(f"input {name!r} must be {dtype}{list(shape)}, got {array.dtype}{list(array.shape)}")
-        # np.ascontiguousarray would make a 0-d (scalar) input 1-d.
-        tensors.append(tvm.runtime.tensor(array if array.flags.c_contiguous else array.copy(order="C"), device))
-    return tensors
-
-
 def to_numpy(result):
     """A VM result as numpy: one array, or a tuple (of tuples) of them, as ``main`` returns."""
     if isinstance(result, tvm.runtime.Tensor):

@@ -1,0 +1,144 @@
+"""The user's call (``collage.assembling.caller``): ``opt(x)`` and ``opt.main`` run the module on
+buffers of their own, so an engine binds them once, whatever the caller hands over, and the
+outputs stay the caller's."""
+
+import threading
+
+import numpy as np
+import pytest
+import tvm
+
+from collage.assembling.assemble import assemble
+from collage.assembling.caller import Caller
+from collage.candidates.backend import default_backends
+from collage.candidates.generate import Candidate
+from collage.candidates.subgraph import SubGraph
+from collage.measuring.cost import Cost
+from collage.measuring.runner import build_vm, static_shape
+from collage.model.graph import DataflowGraph
+from collage.placing.placement import Partition
+from experiments import models
+
+ENGINES = ("onnxruntime", "openvino")
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    """The zoo's MLP as torch.export hands it over: ``main`` returns a tuple of one output."""
+    w = models.load("mlp")
+    return w, DataflowGraph(w.relax["main"]), w.reference()[0]
+
+
+def caller_for(graph, parts):
+    assembly = assemble(graph, parts, default_backends(), "llvm")
+    signature = [(p.name, static_shape(p.ty), str(p.ty.dtype)) for p in graph.func.params]
+    return Caller(build_vm(assembly.module, "llvm"), signature, tvm.cpu(), assembly.module["main"],
+                  assembly.kernel_map()), assembly
+
+
+def engine_alone(graph, engine):
+    whole = Candidate(SubGraph(graph, frozenset(range(len(graph)))), engine, f"{engine}.region")
+    return [Partition(whole, Cost.of(1.0))]
+
+
+def engine_then_tvm(graph, engine):
+    split = next(k for k, node in enumerate(graph) if node.op == "relax.nn.relu")
+    return [Partition(Candidate(SubGraph(graph, frozenset(nodes)), backend, f"{backend}.fused"), Cost.of(1.0))
+            for nodes, backend in ((range(split), engine), (range(split, len(graph)), "tvm"))]
+
+
+def draws(w, n):
+    rng = np.random.default_rng(3)
+    return [rng.standard_normal(w.inputs[0].shape).astype("float32") for _ in range(n)]
+
+
+def reference(w, x):
+    import torch
+
+    with torch.no_grad():
+        return w.torch(torch.from_numpy(x)).numpy()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("placed", [engine_alone, engine_then_tvm])
+def test_an_engine_binds_once_whatever_arrays_the_user_hands_over(mlp, engine, placed):
+    w, graph, _ = mlp
+    caller, assembly = caller_for(graph, placed(graph, engine))
+    (kernel,) = [k for _, _, k in assembly.kernels]
+    arrays = draws(w, 5)
+    results = [caller.numpy(x) for x in arrays]  # new arrays on every call, as a user's are
+    results += [caller.tensors(tvm.runtime.tensor(x))[0].numpy()[None] for x in arrays]
+    assert kernel.bindings.made == 1, f"{kernel.bindings.made} bindings for {len(results)} calls"
+    for x, got in zip(arrays + arrays, results):
+        expected = reference(w, x)
+        assert np.abs(np.asarray(got[0]) - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+def test_a_whole_model_engine_is_called_without_the_vm_though_main_returns_a_tuple(mlp):
+    w, graph, expected = mlp
+    caller, _ = caller_for(graph, engine_alone(graph, "onnxruntime"))
+    assert caller._reused_outputs  # bound_main's direct call
+    got = caller.numpy(w.inputs[0].numpy())
+    assert isinstance(got, tuple) and len(got) == 1
+    assert np.abs(got[0] - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("placed", [engine_alone, engine_then_tvm])
+def test_outputs_stay_the_callers_after_the_next_call(mlp, placed):
+    w, graph, _ = mlp
+    caller, _ = caller_for(graph, placed(graph, "openvino"))
+    x, y = draws(w, 2)
+    first, first_tensor = caller.numpy(x)[0].copy(), caller.tensors(tvm.runtime.tensor(x))[0]
+    kept, kept_tensor = caller.numpy(x)[0], caller.tensors(tvm.runtime.tensor(x))[0]
+    caller.numpy(y), caller.tensors(tvm.runtime.tensor(y))
+    np.testing.assert_array_equal(kept, first)
+    np.testing.assert_array_equal(kept_tensor.numpy(), first_tensor.numpy())
+
+
+def test_calls_from_several_threads_take_turns(mlp):
+    w, graph, _ = mlp
+    caller, _ = caller_for(graph, engine_alone(graph, "onnxruntime"))
+    arrays = draws(w, 8)
+    expected = [caller.numpy(x)[0].copy() for x in arrays]
+    wrong = []
+
+    def run(k):
+        for _ in range(20):
+            if not np.array_equal(caller.numpy(arrays[k])[0], expected[k]):
+                wrong.append(k)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(arrays))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+
+
+def test_inputs_are_checked_before_anything_is_copied(mlp):
+    w, graph, _ = mlp
+    caller, _ = caller_for(graph, engine_alone(graph, "onnxruntime"))
+    with pytest.raises(TypeError, match=r"takes 1 input\(s\)"):
+        caller.numpy()
+    with pytest.raises(ValueError, match=r"must be float32\[1, 784\], got float64\[1, 784\]"):
+        caller.numpy(np.ones((1, 784)))
+    with pytest.raises(ValueError, match=r"must be float32\[1, 784\], got float32\[2, 784\]"):
+        caller.tensors(tvm.runtime.tensor(np.ones((2, 784), "float32")))
+    # A non-contiguous array (a transposed view) and a CPU torch tensor are taken as they are.
+    x = np.ascontiguousarray(w.inputs[0].numpy().T).T
+    np.testing.assert_array_equal(caller.numpy(x)[0], caller.numpy(w.inputs[0])[0])
+
+
+def test_a_loaded_export_of_one_engine_calls_it_directly_and_binds_once(mlp, tmp_path):
+    import collage
+
+    w, _, _ = mlp
+    opt = collage.optimize(w.relax, backends=["tvm", "onnxruntime"], threads=2, progress=False)
+    assert [p.backend for p in opt.placement] == ["onnxruntime"]
+    loaded = collage.load(opt.export(tmp_path / "export"))
+    assert loaded.caller._reused_outputs  # no VM between the user's call and the engine
+    arrays = draws(w, 4)
+    for x in arrays:
+        np.testing.assert_array_equal(loaded(x)[0], opt(x)[0])
+    (kernel,) = loaded.kernels.values()
+    assert kernel.bindings.made == 1
