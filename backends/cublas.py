@@ -5,6 +5,8 @@ The same kernel as ``backends/mkl.py`` on CUDA tensors, where PyTorch calls cuBL
 with bias and ReLU fused). Outputs are written in place with ``out=``; inputs are DLPack
 views of TVM's CUDA buffers; constant weights are copied to the GPU once, at compile time.
 PyTorch's default keeps float32 matmuls in full precision (no TF32), as TVM computes them.
+The kernel runs on TVM's current stream and never waits on the host
+(``patterns.torch_stream``), so a CUDA graph may capture it.
 """
 
 from collage.backends.mkl import matmul_kernel
@@ -22,7 +24,9 @@ def probe(target: str) -> str | None:
 
 
 def compile(func, pattern: str, target: str, threads: int):
-    return matmul_kernel(func, kernels.compile_match(func, PATTERNS, pattern), device="cuda")
+    from collage.patterns.torch_stream import on_tvm_stream
+
+    return on_tvm_stream(matmul_kernel(func, kernels.compile_match(func, PATTERNS, pattern), device="cuda"))
 
 
 BACKEND = Backend(
@@ -34,4 +38,5 @@ BACKEND = Backend(
     requires=("torch",),
     probe=probe,
     library=f"cuBLAS in PyTorch {installed_version('torch')}",
+    graph_safe=True,
 )

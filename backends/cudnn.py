@@ -5,7 +5,8 @@
 bias, residual add and ReLU follow as in-place passes on that buffer: cuDNN's fused
 ``cudnn_convolution_add_relu`` has no ``out=`` of its own and follows PyTorch's global
 TF32 switch, so it would cost a copy and the precision. Constant weights and biases are
-copied to the GPU once, at compile time.
+copied to the GPU once, at compile time. Every pass runs on TVM's current stream and none
+waits on the host (``patterns.torch_stream``), so a CUDA graph may capture the kernel.
 """
 
 from collage.patterns import kernels
@@ -28,6 +29,8 @@ def probe(target: str) -> str | None:
 
 def compile(func, pattern: str, target: str, threads: int):
     import torch
+
+    from collage.patterns.torch_stream import on_tvm_stream
 
     match = kernels.compile_match(func, PATTERNS, pattern)
     padding, stride, dilation, groups = kernels.conv_params(match)
@@ -55,7 +58,7 @@ def compile(func, pattern: str, target: str, threads: int):
         if relu:
             out.relu_()
 
-    return kernel
+    return on_tvm_stream(kernel)
 
 
 BACKEND = Backend(
@@ -67,4 +70,5 @@ BACKEND = Backend(
     requires=("torch",),
     probe=probe,
     library=f"cuDNN in PyTorch {installed_version('torch')}",
+    graph_safe=True,
 )

@@ -78,4 +78,5 @@ BACKEND = Backend(
     rules=(PatternRule("tvm.fused", lambda graph, node: True, anchor_then_elementwise),),
     probe=probe,
     library=f"Apache TVM {tvm.__version__}",
+    graph_safe=True,  # TVM launches its kernels on its current stream, and its capture pass knows them
 )

@@ -42,7 +42,8 @@ from .measuring.isolation import MeasureRunner
 from .measuring.measure import Measurer
 from .measuring.meters import EnergyMeter, NoEnergyMeter, energy_meter
 from .measuring.rpc_runner import GRACE_S, FleetError
-from .measuring.runner import device_for, numpy_outputs, relative_error, to_tensors
+from .measuring.runner import (device_for, is_cuda, kernel_backends, module_cuda_graph_blocker, numpy_outputs,
+                               relative_error, to_tensors)
 from .measuring.threads import pin_threads
 from .measuring.timing import Timing
 from .model.frontend import ModelImportError, import_model
@@ -422,6 +423,9 @@ def _optimized_module(model: Model, config: Config, kept: Finalist, measured: Co
         partitions = [dataclasses.replace(partitions[0], cost=measured)]
         estimated_ms = measured.median_ms
     record.warnings = dominant_tvm_ops(partitions)
+    if is_cuda(config.target):  # as runner.compile_module decided when it built kept.vm
+        record.cuda_graph_off = module_cuda_graph_blocker(kept.assembly.module,
+                                                          kernel_backends(kept.assembly, model.backends))
     record.seconds.total = time.perf_counter() - started
     return OptimizedModule(
         module=kept.assembly.module,

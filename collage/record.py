@@ -96,6 +96,7 @@ class RunRecord:
     simplify_failed: str | None = None  # why the model was placed as given, unsimplified
     unplaced: str | None = None  # why nothing could be placed (TVM then runs the model)
     unplaced_hash: str | None = None  # the structural hash of that model, for its saved record
+    cuda_graph_off: str | None = None  # on CUDA: why the kept module runs without CUDA graphs
     candidates: int = 0
     distinct: int = 0  # candidates with distinct log keys
     capped: dict[str, int] = field(default_factory=dict)  # pattern rule -> seeds whose growth stopped at the cap

@@ -5,10 +5,14 @@
 
 For each model: ``collage.optimize`` with every backend that serves ``cuda`` here (cuDNN and
 cuBLAS through PyTorch, TVM's CUDA codegen; TensorRT where it is installed), its report, its
-outputs checked against torch's; then collage's module timed against torch eager,
-``torch.compile`` (inductor) and TVM CUDA alone (TVM's default pipeline: DLight's default
-schedules, untuned), in one run with the project's protocol (``collage.measuring.timing``), each call
-followed by a device synchronization. ``--energy`` optimizes a model again with
+outputs checked against torch's; then collage's module timed against its peers: torch eager,
+``torch.compile`` (inductor, default mode and ``mode="reduce-overhead"``, which replays CUDA
+graphs) and TVM CUDA alone (TVM's default pipeline: DLight's default schedules, untuned),
+without and with CUDA graphs (``relax.backend.use_cuda_graph``), in one run with the
+project's protocol (``collage.measuring.timing``), each call followed by a device
+synchronization. Each peer is built and checked on its own: one that fails is reported under
+``errors`` and the others still run. Everyone computes in float32 with TF32 off
+(``PRECISION``, set before anything is built). ``--energy`` optimizes a model again with
 ``objective="energy"`` on NVML's counter (each candidate metered while timed) and reports it
 beside ``objective="time"``. The GPU's name, driver and library versions go with the results.
 """
@@ -16,6 +20,7 @@ beside ``objective="time"``. The GPU's name, driver and library versions go with
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import json
 import time
@@ -30,6 +35,7 @@ from experiments.bench import max_relative_error, one_line
 
 RESULTS = Path(__file__).parent / "results" / "gpu.json"
 PROTOCOL_ROUNDS = 9
+PRECISION = "float32, TF32 off"
 VERSIONED = ("torch", "apache-tvm", "nvidia-ml-py")
 
 
@@ -64,30 +70,50 @@ def _synchronized(call):
     return call_and_wait
 
 
+def float32_everywhere() -> None:
+    """TF32 off for torch's cuBLAS and cuDNN, so every contender computes in float32
+    (collage's cuDNN kernels pass ``allow_tf32=False`` themselves; TVM's have no TF32)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def peers(w: models.Workload) -> dict:
-    """The GPU baselines, each a call that does one inference and returns its outputs."""
+    """The GPU baselines by label, each as a builder that returns a call doing one inference
+    and returning its outputs. Built one by one, so that one failing leaves the others."""
+    torch._dynamo.reset()
+    return {
+        "torch": functools.partial(_torch_peer, w, compiled=False),
+        "torch.compile": functools.partial(_torch_peer, w, compiled=True),
+        "torch.compile reduce-overhead": functools.partial(_torch_peer, w, compiled=True, mode="reduce-overhead"),
+        "tvm cuda": functools.partial(_tvm_peer, w, cuda_graph=False),
+        "tvm cuda graph": functools.partial(_tvm_peer, w, cuda_graph=True),
+    }
+
+
+def _torch_peer(w: models.Workload, compiled: bool, mode: str | None = None):
+    """torch eager, or ``torch.compile`` (inductor) in ``mode`` (None: its default)."""
+    net = w.torch.to("cuda")
+    model = torch.compile(net, mode=mode) if compiled else net
+    inputs = [t.to("cuda") for t in w.inputs]
+
+    def call():
+        with torch.inference_mode():
+            return model(*inputs)
+
+    return call
+
+
+def _tvm_peer(w: models.Workload, cuda_graph: bool):
+    """TVM CUDA alone; with ``cuda_graph``, its static regions recorded once and replayed."""
     import tvm
     from tvm import relax
 
-    net = w.torch.to("cuda")
-    inputs = [t.to("cuda") for t in w.inputs]
+    from collage.measuring.runner import USE_CUDA_GRAPH
 
-    def eager():
-        with torch.inference_mode():
-            return net(*inputs)
-
-    torch._dynamo.reset()
-    compiled_net = torch.compile(net, backend="inductor")
-
-    def compiled():
-        with torch.inference_mode():
-            return compiled_net(*inputs)
-
-    found = {"torch": eager, "torch.compile": compiled}
-    vm = relax.VirtualMachine(tvm.compile(w.relax, target="cuda"), tvm.cuda())
-    tvm_inputs = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
-    found["tvm cuda"] = lambda: vm["main"](*tvm_inputs)
-    return found
+    with tvm.transform.PassContext(config={USE_CUDA_GRAPH: cuda_graph}):
+        vm = relax.VirtualMachine(tvm.compile(w.relax, target="cuda"), tvm.cuda())
+    inputs = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
+    return lambda: vm["main"](*inputs)
 
 
 def outputs_of(result) -> list[np.ndarray]:
@@ -115,15 +141,17 @@ def run_model(name: str, cost_log: str, energy: bool) -> dict:
     entry["measured_candidates"] = opt.record.measured
     entry["chosen"] = str(opt.record.chosen)
     entry["backend_shares"] = {b: round(s, 4) for b, s in opt.backend_shares().items()}
+    entry["cuda_graph_off"] = opt.record.cuda_graph_off  # None: its static regions run as CUDA graphs
     entry["finalists_ms"] = {str(n): round(f.measured.median_ms, 4) for n, f in opt.record.finalists.items()}
     tensors = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
     contenders = {"collage": opt.bind(*tensors)}
     errors = {}
-    try:
-        contenders.update(peers(w))
-    except Exception as err:  # a peer that cannot build is reported, the others still run
-        errors["peers"] = one_line(err)
-        traceback.print_exc()
+    for label, build in peers(w).items():
+        try:
+            contenders[label] = build()
+        except Exception as err:  # a peer that cannot build is reported, the others still run
+            errors[label] = one_line(err)
+            traceback.print_exc()
     entry["max_rel_err"] = {}
     for label, call in list(contenders.items()):
         try:
@@ -175,8 +203,10 @@ def main(argv=None) -> None:
     parser.add_argument("--cost-log", default=str(Path.home() / ".cache" / "collage" / "gpu-costs.sqlite"))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    float32_everywhere()  # before any contender is built
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results["machine"] = gpu_info()
+    results["precision"] = PRECISION
     for name in args.model:
         print(f"== {name}", flush=True)
         try:

@@ -34,3 +34,9 @@ def test_a_rebuilt_placement_has_no_optimization_line():
     assert "optimization:" not in report(RunRecord())
     assert str(FinalistName(FinalistKind.GRAPH_LEVEL, rank=2)) == "graph-level #2"
     assert str(FinalistName(FinalistKind.ENGINE_ALONE, "onnxruntime")) == "onnxruntime alone"
+
+
+def test_a_cuda_module_without_graphs_says_why():
+    reason = "tensorrt does not declare its kernels graph-safe (on TVM's stream, no host wait)"
+    assert f"note: no CUDA graphs, each kernel launched on its own: {reason}" in report(RunRecord(cuda_graph_off=reason))
+    assert "CUDA graphs" not in report(RunRecord())

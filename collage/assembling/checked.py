@@ -9,7 +9,7 @@ import math
 from ..candidates.backend import BackendSet
 from ..candidates.precision import FLOAT32, reduced
 from ..errors import OptimizeError
-from ..measuring.runner import build_vm, device_for, mismatch, numpy_outputs, run_kernel, to_tensors
+from ..measuring.runner import build_vm, device_for, kernel_backends, mismatch, numpy_outputs, run_kernel, to_tensors
 from ..placing.end_to_end import wrong_result
 from ..placing.finalists import Finalist
 from ..placing.placement import Partition, Placement, tvm_op
@@ -50,7 +50,7 @@ def assemble_and_check(graph, placement: Placement, expected, arrays, backends, 
             fallbacks.append((failed.partition, failed.reason))
             partitions = _fall_back(graph, partitions, [failed.partition])
             continue
-        vm = build_vm(assembly.module, target)
+        vm = build_vm(assembly.module, target, kernel_backends(assembly, backends))
         problem = wrong_result(vm, to_tensors(arrays, device), expected, rtol)
         if problem is None:
             return Finalist(partitions, assembly, vm, placement.estimated_ms, fallbacks)

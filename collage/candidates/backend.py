@@ -85,6 +85,10 @@ class Backend:
     ``precisions(target)`` names the reduced precisions (``candidates.precision``) the library
     computes in natively here, besides float32; with an accuracy budget each candidate is
     offered in them too, and ``compile``/``compile_onnx`` then get ``precision=`` as well.
+    ``graph_safe`` declares that on CUDA its kernels enqueue all their work on TVM's current
+    stream and never wait on the host, so that a CUDA graph may capture them
+    (``cuda_graph_blocker``): TVM then runs a module's static regions, library kernels
+    included, as CUDA graphs, recorded once and replayed without Python.
     """
 
     name: str
@@ -99,6 +103,7 @@ class Backend:
     probe: Callable[[str], str | None] | None = None
     library: str = ""  # what real library it drives, for reports
     precisions: Callable[[str], tuple[str, ...]] | None = None  # reduced precisions it runs natively here
+    graph_safe: bool = False  # on TVM's CUDA stream, no host wait: a CUDA graph may capture its kernels
 
     def __post_init__(self):
         if self.kind not in (OP_LEVEL, GRAPH_LEVEL):
@@ -122,6 +127,16 @@ class Backend:
         if missing:
             return f"missing Python module(s): {', '.join(missing)}"
         return self.probe(target) if self.probe is not None else None
+
+
+def cuda_graph_blocker(backends: Iterable[Backend]) -> str | None:
+    """Why a module calling kernels of ``backends`` cannot run as CUDA graphs (one line,
+    naming the first backend that does not declare ``graph_safe``), or None when it can. A
+    capture would record such a kernel's work on the wrong stream or stall on its host wait."""
+    for b in backends:
+        if not b.graph_safe:
+            return f"{b.name} does not declare its kernels graph-safe (on TVM's stream, no host wait)"
+    return None
 
 
 def installed_version(distribution: str) -> str:

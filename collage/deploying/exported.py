@@ -45,8 +45,8 @@ from ..candidates.backend import Backend, BackendSet, default_backends, installe
 from ..candidates.onnx_convert import to_onnx
 from ..candidates.precision import FLOAT32
 from ..measuring.cost import Device
-from ..measuring.runner import (compile_kernel, compile_onnx_kernel, device_for, random_array, static_shape,
-                                to_tensors)
+from ..measuring.runner import (compile_kernel, compile_module, compile_onnx_kernel, device_for,
+                                random_array, static_shape, to_tensors)
 from ..measuring.threads import pin_threads
 from .saved import placement_record
 
@@ -95,7 +95,11 @@ def export(opt, path: str | os.PathLike) -> Path:
             "precision": source.precision,
             "file": file, "library": _library(source.backend),
         })  # fmt: skip
-    tvm.compile(assembly.module, target=opt.target).export_library(str(path / TVM_LIBRARY))
+    # Compiled as optimize compiled it: on CUDA, with CUDA graphs where its kernels allow them
+    # (a kernel of a backend not registered here counts as not graph-safe).
+    registered = default_backends()
+    kernels_by_backend = {name: registered[p.backend] for p, name, _ in assembly.kernels if p.backend in registered.names()}
+    compile_module(assembly.module, opt.target, kernels_by_backend).export_library(str(path / TVM_LIBRARY))
     main = assembly.module["main"]
     (path / MAIN).unlink(missing_ok=True)
     if sole_kernel(main, assembly.kernel_map()) is not None:  # small: no weights in it

@@ -180,6 +180,8 @@ def format_report(opt) -> str:
             )
     if r.simplify_failed:
         lines.append(f"note: {r.simplify_failed}")
+    if r.cuda_graph_off:
+        lines.append(f"note: no CUDA graphs, each kernel launched on its own: {r.cuda_graph_off}")
     for text in (*r.engine_blockers.values(), *r.left_out.values()):
         lines.append(f"note: {text}")
     for rule, seeds in r.capped.items():

@@ -7,10 +7,13 @@ outputs preallocated for a kernel that writes them in place.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import tvm
 from tvm import relax
 
+from ..candidates.backend import Backend, cuda_graph_blocker
 from ..candidates.precision import FLOAT32
 
 # float32 results of different kernels for the same sub-graph agree to ~1e-5 relative;
@@ -311,9 +314,70 @@ def _compiled(backend, target: str, build):
         return None, f"compile failed: {type(err).__name__}: {first_line(err)}"
 
 
-def build_vm(mod: tvm.IRModule, target: str = "llvm") -> relax.VirtualMachine:
-    """``mod`` built by TVM's default pipeline for ``target``, on the Relax VM."""
-    return relax.VirtualMachine(tvm.compile(mod, target=target), device_for(target))
+# TVM's PassContext switch for its RewriteCUDAGraph pass: the static regions of a module (every
+# kernel between the first that reads an input and the last that writes an output, library
+# kernels called by call_dps_packed included) are recorded once as CUDA graphs and replayed.
+USE_CUDA_GRAPH = "relax.backend.use_cuda_graph"
+
+
+def build_vm(mod: tvm.IRModule, target: str = "llvm", kernels: Mapping[str, Backend] | None = None) -> relax.VirtualMachine:
+    """``mod`` built by TVM's default pipeline for ``target`` (``compile_module``), on the Relax VM."""
+    return relax.VirtualMachine(compile_module(mod, target, kernels), device_for(target))
+
+
+def compile_module(mod: tvm.IRModule, target="llvm", kernels: Mapping[str, Backend] | None = None):
+    """``mod`` compiled by TVM's default pipeline for ``target``. For CUDA, with CUDA graphs
+    unless ``module_cuda_graph_blocker`` says why not: ``kernels`` names the backend of each
+    library kernel ``mod`` calls (``kernel_backends``), and only graph-safe ones may be
+    captured."""
+    if not is_cuda(target) or module_cuda_graph_blocker(mod, kernels) is not None:
+        return tvm.compile(mod, target=target)
+    outer = tvm.transform.PassContext.current()  # keep what a caller set; add the switch
+    with tvm.transform.PassContext(opt_level=outer.opt_level, required_pass=list(outer.required_pass),
+                                   disabled_pass=list(outer.disabled_pass),
+                                   config={**dict(outer.config), USE_CUDA_GRAPH: True}):  # fmt: skip
+        return tvm.compile(mod, target=target)
+
+
+def module_cuda_graph_blocker(mod: tvm.IRModule, kernels: Mapping[str, Backend] | None = None) -> str | None:
+    """Why ``mod`` cannot run as CUDA graphs, in one line, or None. TVM's pass captures every
+    function a module calls outside TVM (an ``ExternFunc``: a library kernel under
+    ``call_dps_packed``) with no way to leave one out, so each must be the kernel of a
+    graph-safe backend (``kernels``: backend by registered name; ``cuda_graph_blocker``)."""
+    kernels = kernels or {}
+    called = sorted(extern_functions(mod))
+    unknown = [name for name in called if name not in kernels]
+    if unknown:
+        return f"it calls {unknown[0]!r}, which no backend declares graph-safe"
+    return cuda_graph_blocker(kernels[name] for name in called)
+
+
+def extern_functions(mod: tvm.IRModule) -> set[str]:
+    """The functions outside TVM that ``mod``'s Relax functions call, by global symbol (TVM's
+    own ``vm.builtin`` helpers, which its pass never captures, left out)."""
+    found: set[str] = set()
+
+    def visit(expr):
+        if isinstance(expr, relax.ExternFunc) and not expr.global_symbol.startswith("vm.builtin"):
+            found.add(str(expr.global_symbol))
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def kernel_backends(assembly, backends) -> dict[str, Backend]:
+    """The backend of each library kernel an ``Assembly`` calls, by the name it is registered
+    under: what ``compile_module`` asks to decide on CUDA graphs."""
+    return {name: backends[part.backend] for part, name, _ in assembly.kernels}
+
+
+def is_cuda(target) -> bool:
+    """Whether ``target`` (a name such as "cuda", a JSON dict or a ``tvm.target.Target``) is CUDA."""
+    if isinstance(target, str):
+        return target == "cuda"
+    return tvm.target.Target(target).kind.name == "cuda"
 
 
 def device_for(target: str):

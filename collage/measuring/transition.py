@@ -10,6 +10,8 @@ run (a 3x3 convolution with ReLU, else a matrix product). A chain of ``calls`` r
 [a few TVM ops, then the probe through ``call_dps_packed``] runs on the VM; the transition is
 what that chain costs beyond the same TVM ops alone and the probe's own time back to back,
 per round. ``tvm`` partitions are called by the VM directly: their transition is zero.
+On CUDA the chain is compiled as an assembled module is (``runner.compile_module``): with
+CUDA graphs where the backend is graph-safe, whose replays call no Python at all.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tvm import relax
 from ..candidates.generate import generate
 from ..model.graph import DataflowGraph
 from .cost import Cost
-from .runner import compile_kernel, device_for, empty_outputs, first_line, random_inputs, synchronized, to_tensors
+from .runner import build_vm, compile_kernel, device_for, empty_outputs, first_line, random_inputs, synchronized, to_tensors
 from .timing import Timing, median_and_iqr, time_call
 
 CALLS = 8
@@ -90,7 +92,7 @@ class TransitionTask:
             if reason is not None:  # this probe is not for this backend; try the next
                 continue
             try:
-                return _measure(kernel, every[k], self.target, self.timing)
+                return _measure(kernel, every[k], self.target, self.timing, self.backend)
             except Exception as err:  # a backend that fails here pays no transition, never raises  # noqa: BLE001
                 return Cost.invalid(f"transition probe failed: {type(err).__name__}: {first_line(err)}")
         return Cost.invalid(f"{self.backend.name} runs none of the transition probes")
@@ -101,7 +103,7 @@ def measure_transition(backend, target: str, threads: int, timing: Timing) -> Co
     return TransitionTask.of(backend, target, threads, timing).measure()
 
 
-def _measure(kernel, probe: relax.Function, target: str, timing: Timing) -> Cost:
+def _measure(kernel, probe: relax.Function, target: str, timing: Timing, backend) -> Cost:
     name = "collage.transition.probe"
     tvm.register_global_func(name, kernel, override=True)
     ty = probe.params[0].ty
@@ -119,7 +121,7 @@ def _measure(kernel, probe: relax.Function, target: str, timing: Timing) -> Cost
                         v = bb.emit(relax.call_dps_packed(name, relax.Tuple([v]), out_ty=ty))
                 out = bb.emit_output(v)
             bb.emit_func_output(out)
-        vm = relax.VirtualMachine(tvm.compile(bb.get(), target=target), device)
+        vm = build_vm(bb.get(), target, {name: backend})
         arg = to_tensors(random_inputs(probe), device)[0]
         return synchronized(lambda: vm["main"](arg), target)
 

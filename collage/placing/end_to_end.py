@@ -23,7 +23,8 @@ from ..candidates.backend import BackendSet
 from ..candidates.precision import FLOAT32
 from ..measuring.cost import Cost, Device
 from ..measuring.cost_log import CostLog, PlacementKey
-from ..measuring.runner import build_vm, device_for, first_line, mismatch, numpy_outputs, synchronized, to_tensors
+from ..measuring.runner import (build_vm, device_for, first_line, kernel_backends, mismatch, numpy_outputs, synchronized,
+                               to_tensors)
 from ..measuring.timing import Timing, time_call
 from ..model.graph import DataflowGraph
 from .placement import Partition
@@ -106,7 +107,7 @@ class EndToEnd:
         compiled = None if fresh else self._compiled
         assembly = assemble(self.graph, list(partitions), self.backends, self.target, compiled=compiled,
                             threads=self.device.threads)
-        return assembly, build_vm(assembly.module, self.target)
+        return assembly, build_vm(assembly.module, self.target, kernel_backends(assembly, self.backends))
 
     def measure(self, partitions: Sequence[Partition]) -> Cost:
         """Build, check and time one placement; never raises."""

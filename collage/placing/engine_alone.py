@@ -98,7 +98,7 @@ def checked_on_file(original: tvm.IRModule, graph: DataflowGraph, backend: Backe
     engine refuses the file, fails running it, or computes otherwise."""
     try:
         assembly, partition = from_onnx_file(original, graph, backend, model, target, threads, precision)
-        vm = build_vm(assembly.module, target)
+        vm = build_vm(assembly.module, target, {name: backend for _, name, _ in assembly.kernels})
         arrays, expected = check
         problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected,
                                None if precision == FLOAT32 else budget)

@@ -1,0 +1,230 @@
+"""CUDA graphs: a module whose library kernels are all graph-safe is compiled with TVM's
+RewriteCUDAGraph switch on, and the kernel it calls through ``call_dps_packed`` lands inside
+the captured region; one kernel of a backend that is not graph-safe turns the switch off,
+with a reason naming that backend. All but the last test need no GPU: TVM's pass runs on
+the CPU, and the full compile needs only nvcc."""
+
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from collage.backends import cublas, cudnn, tensorrt
+from collage.backends import tvm as tvm_backend
+from collage.candidates.backend import OP_LEVEL, Backend, cuda_graph_blocker
+from collage.measuring import runner
+
+KERNEL = "collage_test.library_kernel"
+# An explicit architecture: this machine may have no GPU to read it from.
+SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+TY = relax.TensorType((4, 8), "float32")
+W = np.linspace(-1, 1, 64, dtype="float32").reshape(8, 8)
+
+
+def between_tvm_ops() -> tvm.IRModule:
+    """main(x) = x * 0.25 -> relu(@ W) -> the library kernel -> relu(@ W) * 2, three TVM
+    kernels once fused. TVM's pass leaves out of the graph the one reading main's input and
+    the one writing its output; the middle one and the library kernel are captured."""
+    x = relax.Var("x", TY)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            v = bb.emit(relax.op.multiply(x, relax.const(0.25, "float32")))
+            v = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(v, relax.const(W)))))
+            v = bb.emit(relax.call_dps_packed(KERNEL, relax.Tuple([v]), out_ty=TY))
+            v = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(v, relax.const(W)))))
+            out = bb.emit_output(relax.op.multiply(v, relax.const(2.0, "float32")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def graph_safe(name: str = "safe") -> Backend:
+    return Backend(name=name, kind=OP_LEVEL, targets=("cuda",), compile=None, graph_safe=True)
+
+
+def calls(func: relax.Function) -> list[str]:
+    """What ``func`` calls, in order: extern functions by symbol (a VM builtin's too, passed
+    to ``call_builtin_with_ctx``), module functions by name."""
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.ExternFunc):
+            found.append(str(expr.global_symbol))
+        elif isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.GlobalVar):
+            found.append(expr.op.name_hint)
+
+    relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def lowered(mod: tvm.IRModule, kernels, monkeypatch) -> tvm.IRModule:
+    """``mod`` through TVM's CUDA pipeline, up to the VM's code generation, in the
+    PassContext ``runner.compile_module`` sets up for it (read off by standing in for
+    ``tvm.compile``, which would also need nvcc)."""
+    seen = {}
+
+    def compile_stand_in(mod, target):
+        seen["config"] = dict(tvm.transform.PassContext.current().config)
+        target = tvm.target.Target(target)
+        with target:
+            return relax.get_default_pipeline(target)(mod)
+
+    monkeypatch.setattr(tvm, "compile", compile_stand_in)
+    result = runner.compile_module(mod, SM90, kernels)
+    graphs = bool(seen["config"].get(runner.USE_CUDA_GRAPH, False))
+    assert graphs == (runner.module_cuda_graph_blocker(mod, kernels) is None)
+    return result
+
+
+# ------------------------------------------------------------------ the decision
+
+
+def test_the_gpu_libraries_are_graph_safe_and_tensorrt_is_not():
+    assert cuda_graph_blocker([cudnn.BACKEND, cublas.BACKEND, tvm_backend.BACKEND]) is None
+    assert cuda_graph_blocker([cudnn.BACKEND, tensorrt.BACKEND]) == (
+        "tensorrt does not declare its kernels graph-safe (on TVM's stream, no host wait)")
+    plain = Backend(name="mine", kind=OP_LEVEL, targets=("cuda",), compile=None)
+    assert not plain.graph_safe and "mine does not declare" in cuda_graph_blocker([plain])
+
+
+def test_a_module_is_captured_only_when_every_kernel_it_calls_is_graph_safe():
+    mod = between_tvm_ops()
+    assert runner.extern_functions(mod) == {KERNEL}
+    assert runner.module_cuda_graph_blocker(mod, {KERNEL: cudnn.BACKEND}) is None
+    assert runner.module_cuda_graph_blocker(mod, {KERNEL: tensorrt.BACKEND}).startswith("tensorrt does not declare")
+    assert runner.module_cuda_graph_blocker(mod) == f"it calls {KERNEL!r}, which no backend declares graph-safe"
+    assert runner.is_cuda("cuda") and runner.is_cuda(SM90) and not runner.is_cuda("llvm")
+
+
+def test_kernel_backends_of_an_assembly():
+    class Part:
+        backend = "cudnn"
+
+    class Assembly:
+        kernels = [(Part(), "collage_0.1.cudnn", None)]
+
+    assert runner.kernel_backends(Assembly(), {"cudnn": cudnn.BACKEND}) == {"collage_0.1.cudnn": cudnn.BACKEND}
+
+
+# ------------------------------------------------------------------ TVM's pass, on the CPU
+
+
+def test_a_graph_safe_kernel_is_captured_between_tvm_ops(monkeypatch):
+    mod = lowered(between_tvm_ops(), {KERNEL: graph_safe()}, monkeypatch)
+    captures = {gv.name_hint: f for gv, f in mod.functions.items() if gv.name_hint.endswith("_cuda_graph_capture")}
+    assert list(captures) == ["main_cuda_graph_capture"]
+    inside, main = calls(captures["main_cuda_graph_capture"]), calls(mod["main"])
+    assert KERNEL in inside and KERNEL not in main
+    assert "fused_matmul_relu" in inside  # with TVM's kernel before it
+    assert "vm.builtin.cuda_graph.run_or_capture" in main
+
+
+def test_a_kernel_not_graph_safe_leaves_the_module_without_graphs(monkeypatch):
+    mod = lowered(between_tvm_ops(), {KERNEL: tensorrt.BACKEND}, monkeypatch)
+    assert not any(gv.name_hint.endswith("_cuda_graph_capture") for gv in mod.functions)
+    assert KERNEL in calls(mod["main"]) and "vm.builtin.cuda_graph.run_or_capture" not in calls(mod["main"])
+
+
+def test_a_cpu_module_is_compiled_as_before():
+    assert runner.module_cuda_graph_blocker(between_tvm_ops()) is not None  # and llvm never asks
+    ex = runner.compile_module(tvm.IRModule({"main": between_tvm_ops()["main"]}), "llvm", {KERNEL: graph_safe()})
+    assert "cuda_graph" not in ex.as_text()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc: TVM cannot build CUDA kernels here")
+def test_the_compiled_vm_code_calls_the_kernel_inside_the_graph():
+    text = runner.compile_module(between_tvm_ops(), SM90, {KERNEL: cublas.BACKEND}).as_text()
+    sections = {part.split(":", 1)[0]: part for part in ("\n" + text).split("\n@")}
+    assert f"call  {KERNEL}" in sections["main_cuda_graph_capture"]
+    assert KERNEL not in sections["main"] and "vm.builtin.cuda_graph.run_or_capture" in sections["main"]
+
+
+# ------------------------------------------------------------------ the kernels' stream, with torch's CUDA API stood in for
+
+
+class FakeStream:
+    def __init__(self, raw):
+        self.cuda_stream = raw
+
+
+def test_kernels_follow_tvm_stream_and_take_temporaries_from_the_pool_while_capturing(monkeypatch):
+    from collage.patterns import torch_stream
+
+    torch = torch_stream.torch
+    raw, log = [0], []
+    monkeypatch.setattr(torch_stream.tvm_ffi, "get_raw_stream", lambda device: raw[0])
+    monkeypatch.setattr(torch_stream, "_streams", {})
+    monkeypatch.setattr(torch_stream, "_capture_pool", [])
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda index: FakeStream(0))
+    monkeypatch.setattr(torch.cuda, "ExternalStream", lambda r, device: FakeStream(r))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index: FakeStream(0))
+    monkeypatch.setattr(torch.cuda, "MemPool", lambda: "pool")
+
+    class Context:
+        def __init__(self, *what):
+            self.what = what
+
+        def __enter__(self):
+            log.append(self.what)
+
+        def __exit__(self, *exc):
+            log.append("exit")
+
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: Context("stream", s.cuda_stream))
+    monkeypatch.setattr(torch.cuda, "use_mem_pool", lambda pool, index: Context("pool", pool))
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    kernel = torch_stream.on_tvm_stream(lambda *tensors: log.append("kernel"))
+    out = tvm.runtime.tensor(np.zeros(1, "float32"))  # any tensor: only its device index is read
+
+    kernel(out)  # TVM and torch both on the default stream: called as it is
+    assert log == ["kernel"]
+    raw[0] = 1234  # a stream set by a caller
+    kernel(out)
+    assert log[1:] == [("stream", 1234), "kernel", "exit"]
+    raw[0], capturing[0] = 5678, True  # TVM's capture stream
+    kernel(out)
+    assert log[4:] == [("stream", 5678), ("pool", "pool"), "kernel", "exit", "exit"]
+    assert torch_stream.tvm_stream(0) is torch_stream.tvm_stream(0)  # one torch stream per handle
+    assert set(torch_stream._streams) == {(0, 0), (0, 1234), (0, 5678)}
+
+
+# ------------------------------------------------------------------ on a GPU
+
+
+def test_captured_library_kernel_replays_on_tvm_stream():
+    """On a GPU: a torch kernel on TVM's stream (``patterns.torch_stream``) between TVM ops,
+    captured once (two calls: TVM's warm-up and its capture), then replayed right for new
+    inputs; torch tensors allocated after the capture are never overwritten by a replay."""
+    import torch
+
+    if not (torch.cuda.is_available() and tvm.cuda().exist):
+        pytest.skip("needs a CUDA GPU visible to both torch and TVM")
+    from collage.patterns.torch_stream import on_tvm_stream
+
+    ran = []
+
+    def kernel(x, out):
+        ran.append(torch.cuda.is_current_stream_capturing())
+        x, out = torch.from_dlpack(x), torch.from_dlpack(out)
+        half = torch.full((8, 8), 0.5, device="cuda")  # a temporary: while capturing, from the capture pool
+        torch.mm(x, half, out=out)
+
+    tvm.register_global_func(KERNEL, on_tvm_stream(kernel), override=True)
+    try:
+        vm = relax.VirtualMachine(runner.compile_module(between_tvm_ops(), "cuda", {KERNEL: cublas.BACKEND}), tvm.cuda())
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            x = rng.standard_normal((4, 8)).astype("float32")
+            kept = [torch.full((8, 8), 7.0, device="cuda") for _ in range(32)]  # the temporary's size
+            got = vm["main"](tvm.runtime.tensor(x, tvm.cuda())).numpy()
+            torch.cuda.synchronize()
+            mid = np.maximum((x * 0.25) @ W, 0.0) @ np.full((8, 8), 0.5, "float32")
+            np.testing.assert_allclose(got, np.maximum(mid @ W, 0.0) * 2.0, rtol=1e-5, atol=1e-6)
+            assert all(bool((k == 7.0).all()) for k in kept)
+        assert ran == [False, True]
+    finally:
+        tvm_ffi.remove_global_func(KERNEL)
