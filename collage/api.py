@@ -50,7 +50,7 @@ from .model.frontend import ModelImportError, import_model
 from .model.prepare import Model, Unplaceable, dataflow_graph, onnx_proto, prepare_model
 from .placing.end_to_end import EndToEnd
 from .placing.engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
-from .placing import elsewhere
+from .placing import confirm, elsewhere
 from .placing.finalists import Finalist, Timed, choose, time_finalists
 from .placing.objective import Objective
 from .placing.placement import Partition, Placement, PlacementError, place
@@ -291,6 +291,8 @@ def optimize_with(
     measured = timed.costs
     record.others_busy_cores, record.timing_attempts = timed.others_busy_cores, timed.attempts
     chosen, note = choose(measured, {name: f.simplicity for name, f in finalists.items()}, objective, timed.race)
+    if objective.is_time and timed.race is not None and record.optimized_for is None:
+        chosen, note = _confirmed(chosen, note, finalists, timed.race, steps, model, config, record)
     seconds.final_timing = time.perf_counter() - t
     verdicts = timed.race.verdicts() if timed.race is not None else {}
     record.finalists = {
@@ -302,6 +304,21 @@ def optimize_with(
     if chosen == SUBSTITUTED:
         record.substituted = [list(step) for step in substituted.applied]  # how to rebuild its graph
     return _optimized_module(model, config, finalists[chosen], measured[chosen], record, started)
+
+
+def _confirmed(chosen: FinalistName, note: str | None, finalists: dict, race, steps: dict, model: Model, config: Config,
+               record: RunRecord) -> tuple[FinalistName, str | None]:  # fmt: skip
+    """``chosen`` raced again against a close runner-up, each in a fresh process
+    (``placing.confirm``); the runner-up when it was faster there."""
+    second = confirm.runner_up(race, finalists, chosen)
+    if second is None:
+        return chosen, note
+    file = model.onnx_model if any(n.kind is FinalistKind.ENGINE_ON_FILE for n in (chosen, second)) else None
+    requests = confirm.requests_for((chosen, second), finalists, model.prepared, steps, file, model.arrays,
+                                    model.expected, config.target, config.accuracy)  # fmt: skip
+    confirmation = confirm.confirm(finalists, chosen, second, requests, config.threads, config.seed)
+    record.confirmation = confirmation.line()
+    return (second, None) if confirmation.switched else (chosen, note)
 
 
 def load_placement(

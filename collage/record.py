@@ -112,6 +112,7 @@ class RunRecord:
     finalists: dict[FinalistName, FinalistResult] = field(default_factory=dict)
     chosen: FinalistName | None = None
     tie: str | None = None  # why the kept finalist is not the one with the best number
+    confirmation: str | None = None  # what racing the kept finalist and the runner-up in fresh processes showed
     optimized_for: str | None = None  # the fleet's device, when it is not this machine
     not_here: str | None = None  # then, how this machine differs from it
     timed_on: str | None = None  # the server the finalists were timed on, when not here

@@ -173,6 +173,8 @@ def format_report(opt) -> str:
             )
         if r.tie:
             lines.append(f"  {r.tie}")
+        if r.confirmation:
+            lines.append(f"  {r.confirmation}")
         if r.others_busy_cores is not None and r.others_busy_cores > MAX_OTHERS_BUSY:
             lines.append(
                 f"  warning: other processes kept {r.others_busy_cores:.2f} cores busy while these were timed "

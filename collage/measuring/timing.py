@@ -175,7 +175,7 @@ class _Blocks:
 
 
 def _rounds(calls, protocol: Protocol, meter: EnergyMeter | None) -> _Blocks:
-    block = {name: _block_calls(call, protocol) for name, call in calls.items()}
+    block = {name: block_calls(call, protocol) for name, call in calls.items()}
     settle_s = protocol.settle_s if len(calls) > 1 else 0.0
     blocks = _Blocks({name: [] for name in calls}, {name: [] for name in calls})
     spent = dict.fromkeys(calls, 0.0)
@@ -188,7 +188,7 @@ def _rounds(calls, protocol: Protocol, meter: EnergyMeter | None) -> _Blocks:
                 time.sleep(settle_s)
             began = time.perf_counter()
             before = meter.read() if meter is not None else None
-            blocks.ms[name].append(statistics.median(_timed_block(calls[name], block[name])))
+            blocks.ms[name].append(statistics.median(timed_block(calls[name], block[name])))
             if meter is not None:
                 blocks.energy_mj[name].append(meter.joules(before, meter.read()) * 1e3 / block[name])
             spent[name] += time.perf_counter() - began
@@ -206,7 +206,7 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> tuple[floa
     return median_and_iqr(ratios)
 
 
-def _block_calls(call: Callable[[], object], protocol: Protocol) -> int:
+def block_calls(call: Callable[[], object], protocol: Protocol) -> int:
     """Warm ``call`` up for ``protocol.warmup_s`` (at least one call); how many calls fill a block."""
     start, last = time.perf_counter(), 0.0
     while time.perf_counter() - start < protocol.warmup_s or last == 0.0:
@@ -217,7 +217,7 @@ def _block_calls(call: Callable[[], object], protocol: Protocol) -> int:
     return min(protocol.max_block_calls, max(protocol.min_block_calls, calls))
 
 
-def _timed_block(call: Callable[[], object], n: int) -> list[float]:
+def timed_block(call: Callable[[], object], n: int) -> list[float]:
     """``n`` back-to-back calls, each timed (ms)."""
     times = []
     clock = time.perf_counter

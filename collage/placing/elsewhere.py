@@ -152,6 +152,39 @@ def as_ran_there(finalist: Finalist, entries: list[dict], device: str, check: tu
 
 
 def _race(header: dict, arrays: dict, backends: BackendSet, threads: int) -> dict:
+    sent = built_here(header, arrays, backends, threads)
+    if not sent.built:
+        return {"rounds": None, "costs": {}, "others_busy_cores": None, "attempts": 0, "left_out": sent.left_out,
+                "ran": sent.ran}  # fmt: skip
+    meter = None
+    if header["metered"]:
+        from ..measuring.meters import energy_meter
+
+        meter = energy_meter(header["target"])  # NoEnergyMeter: the race cannot run here, and says why
+    timed = time_finalists(sent.built, sent.inputs, header["target"], meter=meter)
+    return {
+        "rounds": timed.race.rounds if timed.race is not None else None,
+        "costs": {label: dataclasses.asdict(cost) for label, cost in timed.costs.items()},
+        "others_busy_cores": timed.others_busy_cores, "attempts": timed.attempts, "left_out": sent.left_out,
+        "ran": sent.ran,
+    }  # fmt: skip
+
+
+@dataclass
+class Built:
+    """The finalists of a request, built and checked where it is read: ``built`` (label ->
+    finalist), those that could not be (label -> why), those that ran other partitions than
+    were sent (label -> entries), and the inputs to time them on."""
+
+    built: dict[str, Finalist]
+    left_out: dict[str, str]
+    ran: dict[str, list[dict]]
+    inputs: list[np.ndarray]
+
+
+def built_here(header: dict, arrays: dict, backends: BackendSet, threads: int) -> Built:
+    """Each finalist of an unpacked ``request``, assembled and checked here as
+    ``collage.load_placement`` would."""
     module = _unlifted(tvm.ir.load_json(header["module"]), [arrays[f"weight{k}"] for k in range(header["weights"])])
     inputs = [arrays[f"input{k}"] for k in range(header["inputs"])]
     expected = [arrays[f"expected{k}"] for k in range(header["expected"])]
@@ -182,19 +215,7 @@ def _race(header: dict, arrays: dict, backends: BackendSet, threads: int) -> dic
         there = [partition_entry(p) for p in built[label].partitions]
         if list(map(_sent_form, there)) != list(map(_sent_form, entries)):
             ran[label] = there
-    if not built:
-        return {"rounds": None, "costs": {}, "others_busy_cores": None, "attempts": 0, "left_out": left_out, "ran": ran}
-    meter = None
-    if header["metered"]:
-        from ..measuring.meters import energy_meter
-
-        meter = energy_meter(target)  # NoEnergyMeter: the race cannot run here, and says why
-    timed = time_finalists(built, inputs, target, meter=meter)
-    return {
-        "rounds": timed.race.rounds if timed.race is not None else None,
-        "costs": {label: dataclasses.asdict(cost) for label, cost in timed.costs.items()},
-        "others_busy_cores": timed.others_busy_cores, "attempts": timed.attempts, "left_out": left_out, "ran": ran,
-    }  # fmt: skip
+    return Built(built, left_out, ran, inputs)
 
 
 def _sent_form(entry: dict) -> tuple:

@@ -159,7 +159,7 @@ def time_finalists(
     ``ATTEMPTS`` times; the quietest timing is kept. Unmetered, the rounds then go on for the
     leader and each finalist still undecided against it (``Race``), up to ``MAX_ROUNDS``."""
     inputs = to_tensors(arrays, device_for(target))
-    calls = {label: synchronized(_bound(contender, inputs, target), target) for label, contender in contenders.items()}
+    calls = {label: bound_call(contender, inputs, target) for label, contender in contenders.items()}
     if meter is not None:
         return _quietest(lambda: (time_contenders(calls, protocol, meter), None))
     timed = _quietest(lambda: _raced(calls, protocol))
@@ -177,10 +177,14 @@ def time_finalists(
     return timed._replace(costs={name: race.cost(name) for name in calls})
 
 
-def _bound(contender: Finalist | relax.VirtualMachine, inputs, target: str):
+def bound_call(contender: Finalist | relax.VirtualMachine, inputs, target: str):
+    """A call with no arguments that runs ``contender`` once on ``inputs`` and waits for the
+    device: a Finalist as ``OptimizedModule.bind`` calls it, a bare VM's ``main``."""
     if isinstance(contender, Finalist):
-        return bound_main(contender.assembly, contender.vm, inputs, device_for(target))
-    return functools.partial(contender["main"], *inputs)
+        call = bound_main(contender.assembly, contender.vm, inputs, device_for(target))
+    else:
+        call = functools.partial(contender["main"], *inputs)
+    return synchronized(call, target)
 
 
 def _raced(calls, protocol: Protocol) -> tuple[dict[str, Cost], Race]:

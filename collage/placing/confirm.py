@@ -1,0 +1,143 @@
+"""The kept finalist raced once more against the runner-up, each in a fresh process of its own.
+
+The finalists' race runs in the optimizing process, where every finalist's libraries are
+loaded and their thread pools alive, and where the measuring left its caches and allocators
+as they are. A user's process runs the kept module alone, and the two can disagree: on a
+2-core Zen 4 (family 25 model 17) the race timed a MobileNetV2-style CNN at 0.412 ms on
+OpenVINO alone and 0.408 on ONNX Runtime alone, and kept OpenVINO; raced as their users run
+them, ONNX Runtime ran it in 0.350 ms and OpenVINO in 0.44-0.46.
+
+So when the runner-up came close (``CLOSE``), the kept finalist and the runner-up are each
+rebuilt in a worker process started for it alone (as ``collage.load_placement`` rebuilds a
+placement: ``elsewhere.built_here``), and timed block by block with the project's protocol:
+a fresh random order each round, a settling pause before each block, the other process idle
+meanwhile. If the runner-up is then faster beyond noise (``Race.verdict``), it is kept
+instead. The report says what this race showed, either way.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from ..candidates.backend import default_backends
+from ..measuring.cost import Cost
+from ..measuring.isolation import WorkerProcess
+from ..measuring.runner import device_for, first_line, to_tensors
+from ..measuring.timing import Protocol, block_calls, timed_block
+from ..measuring.wire import unpack
+from . import elsewhere
+from .finalists import Finalist, Race, Verdict, bound_call
+
+# Raced again only when the runner-up's paid time is within this share of the kept one's:
+# farther apart, the conditions of the two races were never seen to swap them.
+CLOSE = 0.25
+PROTOCOL = Protocol(rounds=9, block_ms=60.0, settle_s=0.1)
+BUILD_TIMEOUT_S = 600.0  # a worker's start (it imports every library) and an engine compiling a whole model
+BLOCK_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Confirmation:
+    """What the race in fresh processes showed: the two finalists' costs there, which was
+    kept afterwards, and the verdict of the kept one against the other (``Verdict``'s value),
+    or why it was not raced (``skipped``)."""
+
+    kept: str
+    runner_up: str
+    costs: dict[str, Cost] = field(default_factory=dict)
+    verdict: str = ""
+    switched: bool = False
+    skipped: str | None = None
+
+    def line(self) -> str:
+        if self.skipped is not None:
+            return f"not raced again in fresh processes: {self.skipped}"
+        ms = ", ".join(f"'{name}' {cost.median_ms:.3f} ms ± {cost.spread_ms:.3f}" for name, cost in self.costs.items())
+        if self.switched:
+            return f"raced again, each in a fresh process: {ms}; kept '{self.kept}' instead of '{self.runner_up}'"
+        return f"raced again, each in a fresh process: {ms}; '{self.kept}' {self.verdict} against '{self.runner_up}', kept"
+
+
+def runner_up(race: Race, finalists: dict, kept) -> object | None:
+    """The finalist after ``kept`` by the race's paid time, when it came within ``CLOSE``."""
+    others = [name for name in finalists if name != kept and race.blocks(name)]
+    if not others:
+        return None
+    second = min(others, key=race.paid_ms)
+    return second if race.paid_ms(second) <= (1 + CLOSE) * race.paid_ms(kept) else None
+
+
+def confirm(finalists: dict, kept, second, requests: dict, threads: int, seed: int = 0) -> Confirmation:
+    """``kept`` and ``second`` (names in ``finalists``) raced each in a worker process of its
+    own; ``requests`` maps each name to its ``elsewhere.request`` bytes (that finalist alone).
+    Never raises: a race that cannot run says why (``skipped``)."""
+    result = Confirmation(str(kept), str(second))
+    unknown = {p.backend for name in (kept, second) for p in finalists[name].partitions} - set(default_backends().names())
+    if unknown:
+        result.skipped = f"{', '.join(sorted(unknown))} not registered for a fresh process"
+        return result
+    workers = {name: WorkerProcess(threads) for name in (kept, second)}
+    for worker in workers.values():
+        worker.start()  # both import their libraries at once
+    try:
+        for name, worker in workers.items():
+            why = worker.call(functools.partial(_hold, requests[name], threads), BUILD_TIMEOUT_S)
+            if why is not None:
+                result.skipped = f"'{name}' could not be rebuilt there: {why}"
+                return result
+        race = Race()
+        order = random.Random(seed)
+        for _ in range(PROTOCOL.rounds):
+            blocks = {}
+            for name in order.sample(list(workers), len(workers)):
+                time.sleep(PROTOCOL.settle_s)
+                blocks[name] = workers[name].call(_block, BLOCK_TIMEOUT_S)
+            race.rounds.append(blocks)
+    except RuntimeError as err:  # a worker died or overran
+        result.skipped = f"a worker failed: {first_line(err)}"
+        return result
+    finally:
+        for worker in workers.values():
+            worker.close()
+    result.costs = {str(name): race.cost(name) for name in (kept, second)}
+    verdict = race.verdict(kept, second)
+    result.verdict = verdict.value
+    if verdict is Verdict.SLOWER:
+        result.kept, result.runner_up, result.switched = str(second), str(kept), True
+    return result
+
+
+# -- in the worker: one finalist, held between calls
+
+_HELD: dict = {}
+
+
+def _hold(data: bytes, threads: int) -> str | None:
+    """Build the one finalist of ``data`` and keep it ready to time; why not, if it cannot be
+    built as it was sent (a partition that falls back to TVM here is another module)."""
+    header, arrays = unpack(data)
+    sent = elsewhere.built_here(header, arrays, default_backends(), threads)
+    if sent.left_out or sent.ran:
+        return "; ".join([*sent.left_out.values(), *(f"{label} fell back to tvm" for label in sent.ran)])
+    (finalist,) = sent.built.values()
+    target = header["target"]
+    call = bound_call(finalist, to_tensors(sent.inputs, device_for(target)), target)
+    _HELD.update(finalist=finalist, call=call, calls=block_calls(call, PROTOCOL))
+    return None
+
+
+def _block() -> float:
+    """The median call (ms) of one block of the held finalist."""
+    return statistics.median(timed_block(_HELD["call"], _HELD["calls"]))
+
+
+def requests_for(names, finalists: dict[object, Finalist], module, steps: dict, onnx_model, arrays, expected, target: str,
+                 accuracy) -> dict:  # fmt: skip
+    """Each of ``names`` as a race request of its own (``elsewhere.request``)."""
+    return {name: elsewhere.request({str(name): finalists[name]}, module, {str(name): steps.get(name) or []},
+                                    onnx_model, arrays, expected, target, accuracy, metered=False)
+            for name in names}  # fmt: skip

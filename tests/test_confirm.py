@@ -1,0 +1,80 @@
+"""The kept finalist raced again against a close runner-up, each in a fresh process of its own
+(``collage.placing.confirm``): real engines rebuilt in worker processes, blocks alternated."""
+
+import numpy as np
+import pytest
+
+from collage.candidates.backend import default_backends
+from collage.candidates.generate import Candidate
+from collage.candidates.subgraph import SubGraph
+from collage.assembling.checked import assemble_and_check
+from collage.measuring.cost import Cost
+from collage.model.graph import DataflowGraph
+from collage.placing import confirm
+from collage.placing.finalists import Race
+from collage.placing.placement import Partition, Placement
+from collage.record import FinalistKind, FinalistName
+from experiments import models
+
+ORT = FinalistName(FinalistKind.ENGINE_ALONE, "onnxruntime")
+OV = FinalistName(FinalistKind.ENGINE_ALONE, "openvino")
+TVM = FinalistName(FinalistKind.OP_LEVEL)
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    w = models.load("mlp")
+    graph = DataflowGraph(w.relax["main"])
+    arrays, expected = [x.numpy() for x in w.inputs], w.reference()
+    every = frozenset(range(len(graph)))
+
+    def finalist(backend):
+        pattern = f"{backend}.region" if backend != "tvm" else "tvm.fused"
+        parts = (Partition(Candidate(SubGraph(graph, every), backend, pattern), Cost.of(1.0)),)
+        return assemble_and_check(graph, Placement(graph, parts), expected, arrays, default_backends(), "llvm", 2)
+
+    finalists = {ORT: finalist("onnxruntime"), OV: finalist("openvino"), TVM: finalist("tvm")}
+    return w, finalists, arrays, expected
+
+
+def requests(w, finalists, names, arrays, expected):
+    return confirm.requests_for(names, finalists, w.relax, {}, None, arrays, expected, "llvm", None)
+
+
+def test_a_kept_finalist_slower_in_fresh_processes_gives_way_to_the_runner_up(mlp):
+    """Untuned TVM on the whole MLP (~0.7 ms here) against ONNX Runtime (~0.03): whatever the
+    optimizing process's race said, the fresh processes' race keeps ONNX Runtime."""
+    w, finalists, arrays, expected = mlp
+    result = confirm.confirm(finalists, TVM, ORT, requests(w, finalists, (TVM, ORT), arrays, expected), threads=2)
+    assert result.skipped is None and result.switched
+    assert result.kept == str(ORT) and result.runner_up == str(TVM) and result.verdict == "slower"
+    assert result.costs[str(TVM)].median_ms > result.costs[str(ORT)].median_ms
+    assert "kept 'onnxruntime alone' instead of 'op-level'" in result.line()
+
+
+def test_a_kept_finalist_as_fast_or_faster_stays(mlp):
+    w, finalists, arrays, expected = mlp
+    result = confirm.confirm(finalists, ORT, TVM, requests(w, finalists, (ORT, TVM), arrays, expected), threads=2)
+    assert result.skipped is None and not result.switched and result.kept == str(ORT)
+    assert set(result.costs) == {str(ORT), str(TVM)} and all(c.is_valid for c in result.costs.values())
+    assert "each in a fresh process" in result.line() and "kept" in result.line()
+
+
+def test_a_backend_a_fresh_process_lacks_is_not_raced_and_says_why(mlp):
+    w, finalists, arrays, expected = mlp
+    foreign = dict(finalists)
+    part = finalists[ORT].partitions[0]
+    foreign[OV] = type(finalists[ORT])([Partition(Candidate(part.candidate.subgraph, "numpy", "numpy.x"), Cost.of(1.0))],
+                                       finalists[ORT].assembly, finalists[ORT].vm, 1.0)
+    result = confirm.confirm(foreign, ORT, OV, {}, threads=2)
+    assert not result.switched and result.kept == str(ORT)
+    assert result.skipped == "numpy not registered for a fresh process"
+    assert result.line().startswith("not raced again in fresh processes: numpy")
+
+
+def test_only_a_close_runner_up_is_raced_again():
+    race = Race([{"a": 1.0, "b": 1.2, "c": 2.0}, {"a": 1.0, "b": 1.1, "c": 2.1}, {"a": 1.1, "b": 1.2, "c": 2.2}])
+    assert confirm.runner_up(race, {"a": 0, "b": 0, "c": 0}, "a") == "b"
+    assert confirm.runner_up(race, {"a": 0, "c": 0}, "a") is None  # c is twice as slow
+    assert confirm.runner_up(race, {"a": 0}, "a") is None
+    assert np.isclose(confirm.CLOSE, 0.25)
