@@ -28,3 +28,25 @@ def test_the_engine_fuses_the_conversion_as_it_fuses_torchs_export(name, engine_
     assert lost == set(), f"fusions lost: {sorted(lost)}"
     for kind in ("MatMul", "Softmax", "Erf", "Pow", "Sqrt"):  # what the fusions take in
         assert ours[kind] <= export[kind], f"{kind}: {ours[kind]} left where torch's file leaves {export[kind]}"
+
+
+@pytest.mark.parametrize("name", ["regnet", "mlp"])
+def test_biases_are_folded_into_convolutions_and_gemms_as_exporters_write_them(name):
+    """A folded BatchNorm's or a linear layer's bias is the Conv's or Gemm's own input, as in
+    torch's file, not an Add after it; the model computes what torch's does."""
+    import numpy as np
+    from collections import Counter
+
+    from experiments.peers import onnxruntime_session
+
+    w = models.load(name)
+    ours = converted(w)
+    written = {m: Counter((n.op_type, len(n.input)) for n in f.graph.node) for m, f in (("export", w.onnx), ("ours", ours))}
+    for op in ("Conv", "Gemm", "MatMul"):
+        assert written["ours"][(op, 3)] == written["export"][(op, 3)], f"{op} with a bias: {written}"
+    assert sum(c for (op, _), c in written["ours"].items() if op == "Add") == sum(
+        c for (op, _), c in written["export"].items() if op == "Add")
+    session = onnxruntime_session(ours, 2)
+    (got,) = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), w.inputs)})
+    (expected,) = w.reference()
+    assert np.abs(got.reshape(expected.shape) - expected).max() <= 1e-4 * np.abs(expected).max()

@@ -975,7 +975,7 @@ def to_onnx(func: relax.Function) -> onnx.ModelProto:
         # Outputs get their own names even where one value is returned twice, or is an input.
         g.nodes.append(helper.make_node("Identity", [name], [f"out{k}"]))
         outputs.append(_value_info(f"out{k}", ty))
-    nodes = _engines_forms(g.nodes, g.initializers)
+    nodes = _engines_forms(g)
     read = {name for n in nodes for name in n.input}
     initializers = [t for t in g.initializers if t.name in read]  # the fused ones' constants go
     graph = helper.make_graph(nodes, "collage_subgraph", inputs, outputs, initializers)
@@ -988,8 +988,9 @@ class _Written:
     """The nodes written so far, read backwards for the engines' fusions below: who makes a
     value, how many nodes read it, and the scalar constants."""
 
-    def __init__(self, nodes: list, initializers: list):
-        self.nodes = nodes
+    def __init__(self, nodes: list, initializers: list, ranks: dict[str, int], fresh: Callable[[str], str]):
+        self.nodes, self.initializers, self.ranks, self.fresh = nodes, initializers, ranks, fresh
+        self.constants = {t.name: t for t in initializers}
         self.scalars = {t.name: float(numpy_helper.to_array(t)) for t in initializers if not t.dims}
         self.float32 = {t.name for t in initializers if t.data_type == onnx.TensorProto.FLOAT}  # CPU kernels' type
         self._int64 = {t.name: t for t in initializers if t.data_type == onnx.TensorProto.INT64}
@@ -1005,6 +1006,12 @@ class _Written:
         """The node making ``name`` when it is an ``op_type`` read by one node only, else None."""
         n = self.producer.get(name)
         return n if n is not None and n.op_type == op_type and self.readers.get(name) == 1 else None
+
+    def bias_initializer(self, bias: onnx.TensorProto, length: int) -> str:
+        """A new initializer holding ``bias``'s values as a vector of ``length``."""
+        name = self.fresh("bias")
+        self.initializers.append(numpy_helper.from_array(numpy_helper.to_array(bias).reshape(length), name))
+        return name
 
     @staticmethod
     def other(n, name: str) -> str:
@@ -1075,13 +1082,69 @@ def _l2_norms(w: _Written) -> tuple[dict, set]:
     return replaced, dropped
 
 
+def _biases(w: _Written) -> tuple[dict, set]:
+    """A constant bias added after a convolution, or after a product of a matrix and a constant
+    weight, as the convolution's or Gemm's own bias input, as exporters write them: PyTorch's
+    importer (and a folded BatchNorm) gives ``conv(x, w) + b`` with ``b`` of shape [1, C, 1, 1],
+    ``matmul(x, w) + b`` with ``b`` of shape [N]. A RegNet ran 8% slower on ONNX Runtime
+    from this conversion than from torch's file, whose 30 convolutions carry their bias. Only
+    float32 constants fold; a 3-D product stays MatMul + Add, as exporters write it."""
+    replaced, dropped = {}, set()
+    for n in w.nodes:
+        if n.op_type != "Add":
+            continue
+        for operand in n.input:
+            bias = w.constants.get(w.other(n, operand))
+            if bias is None or bias.data_type != onnx.TensorProto.FLOAT:
+                continue
+            folded = _conv_with_bias(w, operand, bias, n) or _gemm_with_bias(w, operand, bias, n)
+            if folded is not None:
+                replaced[id(n)], made_by = folded
+                dropped.add(id(made_by))
+                break
+    return replaced, dropped
+
+
+def _conv_with_bias(w: _Written, name: str, bias, add):
+    conv = w.made_by(name, "Conv")
+    if conv is None or len(conv.input) != 2 or conv.input[1] not in w.constants:
+        return None
+    channels = w.constants[conv.input[1]].dims[0]
+    shape = list(bias.dims)
+    spatial = len(w.constants[conv.input[1]].dims) - 2
+    if shape not in ([1, channels] + [1] * spatial, [channels] + [1] * spatial, [channels]):
+        return None
+    name = w.bias_initializer(bias, channels)
+    return helper.make_node("Conv", [*conv.input, name], list(add.output), name=conv.name, **_attributes(conv)), conv
+
+
+def _gemm_with_bias(w: _Written, name: str, bias, add):
+    matmul = w.made_by(name, "MatMul")
+    if matmul is None or matmul.input[1] not in w.constants or w.ranks.get(matmul.input[0]) != 2:
+        return None
+    weight = w.constants[matmul.input[1]]
+    if len(weight.dims) != 2 or weight.data_type != onnx.TensorProto.FLOAT or list(bias.dims) not in ([weight.dims[1]], [1, weight.dims[1]]):
+        return None
+    name = w.bias_initializer(bias, weight.dims[1])
+    return helper.make_node("Gemm", [*matmul.input, name], list(add.output)), matmul
+
+
+def _attributes(node) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
 # What engines fuse when they see the exporters' form, rewritten into that form.
-_FUSED_FORMS = (_hard_activations, _l2_norms)
+_FUSED_FORMS = (_hard_activations, _l2_norms, _biases)
 
 
-def _engines_forms(nodes: list, initializers: list) -> list:
+def _engines_forms(g: _Graph) -> list:
+    """``g``'s nodes with what engines fuse rewritten into the exporters' form (new constants
+    join ``g.initializers``)."""
+    ranks = {name: len(expr.ty.shape) for expr, name in g.names.items()
+             if isinstance(name, str) and isinstance(expr.ty, relax.TensorType) and expr.ty.shape is not None}
+    nodes = g.nodes
     for fusion in _FUSED_FORMS:
-        replaced, dropped = fusion(_Written(nodes, initializers))
+        replaced, dropped = fusion(_Written(nodes, g.initializers, ranks, g.fresh))
         nodes = [replaced.get(id(n), n) for n in nodes if id(n) not in dropped]
     return nodes
 
