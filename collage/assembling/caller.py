@@ -60,30 +60,34 @@ class Caller:
         # bound_main's direct call writes into the same output tensors on every call: their
         # numpy views are made once.
         self._reused_outputs = hasattr(self._run, "buffers")
-        self._output_views = _views(self._run.result) if self._reused_outputs and self._on_cpu else None
+        views = _views(self._run.result) if self._reused_outputs and self._on_cpu else None
+        self._copy_outputs = _copier(views) if views is not None else None
         self._lock = threading.Lock()
 
     def numpy(self, *arrays):
         """``main`` on numpy arrays (or anything ``np.asarray`` takes: CPU torch tensors), as
         numpy: one array, or a tuple (of tuples) as ``main`` returns."""
-        self._check_count(arrays)
+        if len(arrays) != len(self._expected):
+            self._refuse_count(arrays)
         arrays = [np.asarray(a) for a in arrays]
         for k, array in enumerate(arrays):
             if (array.shape, array.dtype) != self._expected[k]:
                 self._refuse(k, array.shape, array.dtype)
         with self._lock:
-            for k, array in enumerate(arrays):
-                if self._on_cpu:
-                    np.copyto(self._views[k], array, casting="no")
-                else:
-                    self.inputs[k].copyfrom(array)
+            if self._views is not None:
+                for view, array in zip(self._views, arrays):
+                    np.copyto(view, array, casting="no")
+            else:
+                for buffer, array in zip(self.inputs, arrays):
+                    buffer.copyfrom(array)
             result = self._run()
-            return _copies(self._output_views) if self._output_views is not None else self._as_numpy(result)
+            return self._copy_outputs() if self._copy_outputs is not None else self._as_numpy(result)
 
     def tensors(self, *tensors):
         """``main`` on ``tvm.runtime.Tensor`` inputs, as ``tvm.runtime.Tensor`` outputs the
         caller may keep."""
-        self._check_count(tensors)
+        if len(tensors) != len(self._expected):
+            self._refuse_count(tensors)
         for k, t in enumerate(tensors):
             if (tuple(t.shape), np.dtype(str(t.dtype))) != self._expected[k]:
                 self._refuse(k, tuple(t.shape), t.dtype)
@@ -98,10 +102,9 @@ class Caller:
             return np.from_dlpack(result).copy() if self._on_cpu else result.numpy()
         return tuple(self._as_numpy(r) for r in result)
 
-    def _check_count(self, given) -> None:
-        if len(given) != len(self.signature):
-            names = ", ".join(name for name, _, _ in self.signature)
-            raise TypeError(f"the model takes {len(self.signature)} input(s) ({names}), got {len(given)}")
+    def _refuse_count(self, given):
+        names = ", ".join(name for name, _, _ in self.signature)
+        raise TypeError(f"the model takes {len(self.signature)} input(s) ({names}), got {len(given)}")
 
     def _refuse(self, k: int, shape, dtype):
         name, expected_shape, expected_dtype = self.signature[k]
@@ -117,10 +120,15 @@ def _views(result):
     return tuple(_views(r) for r in result)
 
 
-def _copies(views):
+def _copier(views):
+    """A call returning copies of ``views`` (an array, or tuples of them) in their structure."""
     if isinstance(views, np.ndarray):
-        return views.copy()
-    return tuple(_copies(v) for v in views)
+        return views.copy
+    if len(views) == 1 and isinstance(views[0], np.ndarray):  # torch.export's one-output tuple
+        only = views[0].copy
+        return lambda: (only(),)
+    parts = [_copier(v) for v in views]
+    return lambda: tuple(part() for part in parts)
 
 
 def _copied(result, device):
