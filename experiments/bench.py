@@ -38,7 +38,7 @@ import numpy as np
 
 from experiments import models
 from experiments.corpus import CORPUS
-from experiments.peers import PEERS, PrepareFn, Runner, pin_threads, prepare_collage, second_draw, torch_outputs_on
+from experiments.peers import ENTRY_POINTS, PEERS, PrepareFn, Runner, pin_threads, prepare_collage, second_draw, torch_outputs_on
 from experiments.plot import format_ms, peer_names, plot_latency
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -311,7 +311,7 @@ def _median_speedups(results: dict[str, dict], ours: str) -> dict[str, tuple[flo
             for peer, r in entry["peers"].items()
             if r["error"] is None and r["max_rel_err"] <= _allowed(entry)
         }
-        others = {peer: ms for peer, ms in correct.items() if peer != ours}
+        others = {peer: ms for peer, ms in correct.items() if peer not in ENTRY_POINTS}
         if ours in correct and others:
             best = min(others, key=others.get)
             out[name] = (others[best] / correct[ours], best)
@@ -356,15 +356,17 @@ def format_table(results: dict[str, dict]) -> str:
         if busy is not None and busy > BUSY_MACHINE_CORES:
             notes.append(f"  {name}: other processes kept {busy:.1f} cores busy during its timing")
 
-    ratios = speedups(results)
-    if ratios:  # collage's speed-up over the best single peer, per model
-        header.append("collage vs best")
-        paired = paired_speedups(results)
+    for ours in [c for c in columns if c in ENTRY_POINTS]:  # each entry point's speed-up over the best peer
+        ratios = speedups(results, ours)
+        if not ratios:
+            continue
+        header.append(f"{ours} vs best")
+        paired = paired_speedups(results, ours)
         for name, row in zip(results, rows):
             ratio, spread, best = paired.get(name, (None, None, None))
             spread_text = "" if spread is None or math.isnan(spread) else f" ±{spread:.2f}"
             row.append(f"{ratio:.2f}x{spread_text} ({best})" if ratio else "-")
-        notes.append(f"  geo-mean speed-up of collage over the best peer: {geomean(r for r, _ in ratios.values()):.2f}x")
+        notes.append(f"  geo-mean speed-up of {ours} over the best peer: {geomean(r for r, _ in ratios.values()):.2f}x")
 
     widths = [max(len(line[i]) for line in [header] + rows) for i in range(len(header))]
 
@@ -451,8 +453,9 @@ def main(argv=None) -> None:
     names += list(models.MODELS) * ("all" in args.model) + list(CORPUS) * ("corpus" in args.model)
     settings = Settings(args.threads, args.budget, args.min_reps, args.max_reps, accuracy=args.accuracy)
     peers = {name: PEERS[name] for name in PEERS if name in args.peers}
-    if args.accuracy is not None and "collage" in peers:
-        peers["collage"] = functools.partial(prepare_collage, accuracy=args.accuracy)
+    for name, entry in ENTRY_POINTS.items():
+        if args.accuracy is not None and name in peers:
+            peers[name] = functools.partial(prepare_collage, accuracy=args.accuracy, entry=entry)
     start = time.perf_counter()
     _, table = run(names, peers, settings, args.small, args.out, args.plot)
     print()

@@ -12,8 +12,8 @@ run first.
 
 from __future__ import annotations
 
+import functools
 import math
-
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -134,46 +134,30 @@ def openvino_request(model, threads: int, precision: str | None = "f32"):
 
 def prepare_onnxruntime(w: Workload, threads: int, model=None) -> Runner:
     """ONNX Runtime's CPU execution provider with all graph optimizations, on ``model`` (by
-    default the model's ONNX export)."""
-    import onnxruntime as ort
-
+    default the model's ONNX export), called as its users call it: ``InferenceSession.run``
+    with a feed of numpy arrays."""
     session = onnxruntime_session(w.onnx if model is None else model, threads)
-    # OrtValues wrap the arrays once; session.run would convert a numpy feed on every call.
-    feed = {
-        i.name: ort.OrtValue.ortvalue_from_numpy(t.numpy())
-        for i, t in zip(session.get_inputs(), w.inputs)
-    }
+    feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), w.inputs)}
     output_names = [o.name for o in session.get_outputs()]
     return Runner(
-        lambda: session.run_with_ort_values(output_names, feed),
-        lambda out: [v.numpy() for v in out],
+        lambda: session.run(output_names, feed),
+        list,
         outputs_on=lambda arrays: session.run(output_names, {i.name: a for i, a in zip(session.get_inputs(), arrays)}),
     )
 
 
 def prepare_openvino(w: Workload, threads: int, model=None, precision: str | None = "f32") -> Runner:
     """OpenVINO's CPU plugin in f32 (it would pick bf16 on a CPU with native bf16), tuned for
-    latency, on ``model`` (by default the model's ONNX export)."""
-    import openvino as ov
-
+    latency, on ``model`` (by default the model's ONNX export), called as its users call it:
+    ``InferRequest.infer`` with numpy arrays (copied into the request's inputs, outputs
+    copied out)."""
     request = openvino_request(w.onnx if model is None else model, threads, precision)
     inputs = [t.numpy() for t in w.inputs]
-    for i, array in enumerate(inputs):
-        request.set_input_tensor(i, ov.Tensor(array, shared_memory=True))
 
-    def run():
-        request.infer()
-        return request
+    def outputs(result) -> list[np.ndarray]:
+        return [result[port] for port in request.model_outputs]
 
-    def to_numpy(done_request):
-        return [t.data.copy() for t in done_request.output_tensors]
-
-    def outputs_on(arrays):  # another request: this one keeps its shared-memory inputs
-        other = request.get_compiled_model().create_infer_request()
-        other.infer(list(arrays))
-        return to_numpy(other)
-
-    return Runner(run, to_numpy, outputs_on=outputs_on)
+    return Runner(lambda: request.infer(inputs), outputs, outputs_on=lambda arrays: outputs(request.infer(list(arrays))))
 
 
 def prepare_tvm(w: Workload, threads: int) -> Runner:
@@ -199,34 +183,54 @@ def prepare_openvino_default(w: Workload, threads: int) -> Runner:
     return prepare_openvino(w, threads, precision=None)
 
 
-def prepare_collage(w: Workload, threads: int, accuracy: float | None = None) -> Runner:
-    """Collage itself: ``collage.optimize`` on the Relax module, with every usable backend,
-    given the ONNX export the ONNX Runtime and OpenVINO peers run (as ``collage optimize
-    model.onnx`` is), so each engine alone on that file is among its finalists. Costs come
-    from the cost log (``$COLLAGE_COST_LOG``, else ``~/.cache/collage``), so only the first run
-    of a model measures its candidates. Prints the placement report. Timed through
-    ``OptimizedModule.bind``, inputs bound once as the engines' peers bind theirs."""
+def prepare_collage(w: Workload, threads: int, accuracy: float | None = None, entry: str = "relax") -> Runner:
+    """Collage itself through one of its entry points (``ENTRY_POINTS``): ``collage.optimize``
+    on the Relax module alone, with no file (the design's own use); on the torch module with
+    its example inputs (collage exports it, and that file's engines are finalists); or on the
+    ONNX file. Every usable backend. Costs come from the cost log (``$COLLAGE_COST_LOG``, else
+    ``~/.cache/collage``), so only the first run of a model measures its candidates. Prints
+    the placement report. Timed through the call its users make, ``opt(x)`` with numpy
+    arrays; ``info`` has ``bind_ms``, a quick timing of ``OptimizedModule.bind`` beside it."""
     import tvm
 
     import collage
+    from collage.measuring.timing import Protocol, time_contenders
 
     # With a budget, collage holds it on the two input sets every peer is held to.
     calibration = None if accuracy is None else [[t.numpy() for t in w.inputs], second_draw(w)]
-    opt = collage.optimize(w.relax, threads=threads, onnx_model=w.onnx, accuracy=accuracy, calibration=calibration)
+    model, extra = {"relax": (w.relax, {}), "torch": (w.torch, {"example_inputs": tuple(w.inputs)}),
+                    "onnx": (w.onnx, {})}[entry]  # fmt: skip
+    opt = collage.optimize(model, threads=threads, accuracy=accuracy, calibration=calibration, **extra)
     print(opt.report(), flush=True)
-    inputs = [tvm.runtime.tensor(t.numpy()) for t in w.inputs]
+    arrays = [t.numpy() for t in w.inputs]
+    quick = time_contenders({"bind": opt.bind(*[tvm.runtime.tensor(a) for a in arrays])}, Protocol(rounds=3))["bind"]
 
     info = {
+        "entry": entry,
         # An engine running the user's file whole has no estimate (NaN, which JSON cannot hold).
         "estimated_ms": round(opt.estimated_ms, 4) if math.isfinite(opt.estimated_ms) else None,
+        "bind_ms": round(quick.median_ms, 4),
         "partitions": len(opt.placement),
         "backend_shares": {b: round(share, 4) for b, share in opt.backend_shares().items()},
         "optimize_s": round(opt.record.seconds.total, 1),
         "measured_candidates": opt.record.measured,
         "chosen": str(opt.record.chosen),
+        "confirmation": opt.record.confirmation,
         "finalists_ms": {str(name): round(f.measured.median_ms, 4) for name, f in opt.record.finalists.items()},
     }
-    return Runner(opt.bind(*inputs), _tvm_outputs, info, outputs_on=lambda arrays: _tvm_outputs(opt.main(*[tvm.runtime.tensor(a) for a in arrays])))
+    return Runner(lambda: opt(*arrays), _flat, info, outputs_on=lambda arrays: _flat(opt(*arrays)))
+
+
+def _flat(result) -> list[np.ndarray]:
+    """``opt(x)``'s result (an array, or tuples of them) as a flat list."""
+    if isinstance(result, np.ndarray):
+        return [result]
+    return [a for r in result for a in _flat(r)]
+
+
+# Collage's entry points, as the bench names its peers: the Relax module alone first (the
+# headline: the design's own use), then the torch module and the ONNX file.
+ENTRY_POINTS = {"collage": "relax", "collage (torch)": "torch", "collage (onnx)": "onnx"}
 
 
 PEERS: dict[str, PrepareFn] = {
@@ -236,5 +240,5 @@ PEERS: dict[str, PrepareFn] = {
     "openvino": prepare_openvino,
     "openvino-default": prepare_openvino_default,
     "tvm": prepare_tvm,
-    "collage": prepare_collage,
+    **{name: functools.partial(prepare_collage, entry=entry) for name, entry in ENTRY_POINTS.items()},
 }
