@@ -295,16 +295,19 @@ def test_a_task_travels_as_text_and_arrays_and_arrives_whole():
 
     w = np.arange(64 * 64, dtype="float32").reshape(64, 64)
 
+    rows = np.array([3, 1, 2], dtype="int64")  # TVM narrows an int64 array bound as numpy to int32
+
     @R.function
     def f(x: R.Tensor((64, 64), "float32")):
         with R.dataflow():
             y = R.add(R.matmul(x, R.const(w)), R.const(0.5, "float32"))
-            R.output(y)
-        return y
+            z = R.take(y, R.const(rows, "int64"), axis=0)
+            R.output(z)
+        return z
 
     lifted, arrays = weights_out(f)
-    assert len(arrays) == 1 and (arrays[0] == w).all()  # the scalar stays in the text
-    assert len(lifted.params) == 2
+    assert len(arrays) == 2 and (arrays[0] == w).all()  # the scalar stays in the text
+    assert len(lifted.params) == 3
     task = MeasureTask(NUMPY, f, "numpy.chain", "llvm", 1, 0, FAST)
     arrived = pickle.loads(pickle.dumps(task))
     assert tvm_ffi.structural_equal(arrived.func, f, map_free_vars=True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
+import tvm
 from tvm import relax
 
 from ..candidates.backend import REFERENCE_BACKEND, Backend
@@ -84,9 +85,11 @@ def weights_out(func: relax.Function) -> tuple[relax.Function, list[np.ndarray]]
 
 
 def weights_in(lifted: relax.Function, arrays: list[np.ndarray]) -> relax.Function:
-    """The inverse of ``weights_out``: the trailing parameters bound to the arrays."""
+    """The inverse of ``weights_out``: the trailing parameters bound to the arrays, each as a
+    tensor of its own dtype (bound as a numpy array, an int64 constant came back int32: a
+    fleet server then refused Swin's placements as made for another model)."""
     first = len(lifted.params) - len(arrays)
-    return lifted.bind_params({lifted.params[first + k]: a for k, a in enumerate(arrays)})
+    return lifted.bind_params({lifted.params[first + k]: tvm.runtime.tensor(a) for k, a in enumerate(arrays)})
 
 
 @dataclass(frozen=True)
