@@ -165,8 +165,10 @@ def test_a_server_of_another_kind_says_why():
 
 def test_an_unreachable_tracker_is_one_line(tmp_path, capsys):
     port = free_port()  # nothing listens there
-    with pytest.raises(FleetError, match=f"cannot reach the RPC tracker at {HOST}:{port}"):
+    with pytest.raises(FleetError, match=f"cannot reach the RPC tracker at {HOST}:{port}") as refused:
         RPCRunner(f"{HOST}:{port}", "cpu")
+    # The command it suggests starts a tracker on that very port, past TVM's default range too.
+    assert f"--port {port} --port-end {port + 1})" in str(refused.value)
     model = tmp_path / "m.onnx"
     model.write_bytes(b"")
     assert main(["optimize", str(model), "--tracker", f"{HOST}:{port}", "--key", "cpu"]) == 1

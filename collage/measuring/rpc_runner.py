@@ -60,9 +60,11 @@ def reachable(address: tuple[str, int], timeout_s: float = 5.0) -> None:
     try:
         socket.create_connection(address, timeout=timeout_s).close()
     except OSError as err:
+        # TVM's tracker binds the first free port in [--port, --port-end), 9190-9199 by
+        # default: a port past that range needs --port-end too, or the command fails.
         raise FleetError(f"cannot reach the RPC tracker at {address[0]}:{address[1]}: {err.strerror or err} "
-                         f"(start one with: python -m tvm.exec.rpc_tracker --host {address[0]} --port {address[1]})"
-                         ) from None  # fmt: skip
+                         f"(start one with: python -m tvm.exec.rpc_tracker --host {address[0]} --port {address[1]} "
+                         f"--port-end {address[1] + 1})") from None  # fmt: skip
 
 
 def registered_servers(tracker: tuple[str, int], key: str) -> int:
