@@ -142,3 +142,19 @@ def test_a_loaded_export_of_one_engine_calls_it_directly_and_binds_once(mlp, tmp
         np.testing.assert_array_equal(loaded(x)[0], opt(x)[0])
     (kernel,) = loaded.kernels.values()
     assert kernel.bindings.made == 1
+
+
+def test_onnx_runtime_alone_is_handed_the_users_arrays_through_its_own_call(mlp):
+    """Its plain ``run`` costs a user less than copying into bound buffers and out; OpenVINO's
+    own ``infer`` copies too, and more slowly, so its kernel keeps the bound buffers."""
+    w, graph, _ = mlp
+    ort, _ = caller_for(graph, engine_alone(graph, "onnxruntime"))
+    ov, _ = caller_for(graph, engine_alone(graph, "openvino"))
+    assert ort._plain is not None and ov._plain is None
+    x = draws(w, 1)[0]
+    strided = np.zeros((1, 2 * x.shape[1]), "float32")
+    strided[:, ::2] = x  # every other element: not C-contiguous, made so for the engine
+    assert not strided[:, ::2].flags.c_contiguous
+    got, expected = ort.numpy(strided[:, ::2]), reference(w, x)
+    assert isinstance(got, tuple) and len(got) == 1 and got[0] is not ort.numpy(x)[0]
+    assert np.abs(got[0] - expected).max() <= 1e-4 * np.abs(expected).max()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable
@@ -94,10 +95,11 @@ def bound_function(main: relax.Function, kernels: dict, vm: relax.VirtualMachine
     direct = sole_kernel(main, kernels)
     if direct is None:
         return functools.partial(vm["main"], *inputs)
-    kernel, out_ty, arrange = direct
+    kernel, out_ty, layout = direct
     out_types = list(out_ty.fields) if isinstance(out_ty, relax.TupleType) else [out_ty]
     outputs = [tvm.runtime.empty(static_shape(t), str(t.dtype), device) for t in out_types]
-    result = arrange(tuple(outputs) if isinstance(out_ty, relax.TupleType) else outputs[0])
+    arrange = arranger(layout)
+    result = arrange(outputs)
     tensors = [*inputs, *outputs]
     bound = getattr(kernel, "bound", None)
     run = bound(tensors) if bound is not None else functools.partial(kernel, *tensors)
@@ -108,16 +110,18 @@ def bound_function(main: relax.Function, kernels: dict, vm: relax.VirtualMachine
 
     call.buffers = tensors  # what run() reads and writes: a library's binding does not keep them alive
     call.result = result  # what every call returns, its outputs overwritten
-
+    plain = getattr(kernel, "plain", None)
+    if plain is not None:  # the engine's own call on numpy arrays (``Kernel.plain``)
+        call.plain = lambda arrays: arrange(plain(arrays))
     return call
 
 
 def sole_kernel(main: relax.Function, kernels: dict):
-    """(kernel, its output type, arrange) when ``main`` is one ``call_dps_packed`` of a library
-    kernel (one of ``kernels``, by name) on all of its parameters in order, its outputs
-    returned as they are or regrouped (a tuple of them, as a model imported from
-    ``torch.export`` returns even one output): ``arrange(outputs)`` is ``main``'s result from
-    the kernel's. Else None."""
+    """(kernel, its output type, layout) when ``main`` is one ``call_dps_packed`` of a
+    library kernel (one of ``kernels``, by name) on all of its parameters in order, its
+    outputs returned as they are or regrouped (a tuple of them, as a model imported from
+    ``torch.export`` returns even one output): ``layout`` is ``main``'s result with each
+    kernel output as its index (``arranger``). Else None."""
     bindings = [b for block in main.body.blocks for b in block.bindings]
     if not bindings:
         return None
@@ -132,36 +136,40 @@ def sole_kernel(main: relax.Function, kernels: dict):
     if callee.global_symbol not in kernels:
         return None
     regrouped = bindings[1:]
-    if not all(_regroups(b.value) for b in regrouped):
+    if not all(isinstance(b.value, (relax.Tuple, relax.TupleGetItem, relax.Var)) for b in regrouped):
         return None
-
-    def arrange(outputs):
-        known = {bindings[0].var: outputs}
+    outputs = tuple(range(len(call.ty.fields))) if isinstance(call.ty, relax.TupleType) else 0
+    known = {bindings[0].var: outputs}
+    try:  # every name it reads is the kernel's or a regrouping's
         for b in regrouped:
             known[b.var] = _regrouped(b.value, known)
-        return _regrouped(main.body.body, known)
-
-    try:
-        arrange(None)  # every name it reads is the kernel's or a regrouping's
+        layout = _regrouped(main.body.body, known)
     except KeyError:
         return None
-    return kernels[callee.global_symbol], call.ty, arrange
-
-
-def _regroups(value) -> bool:
-    return isinstance(value, (relax.Tuple, relax.TupleGetItem, relax.Var))
+    return kernels[callee.global_symbol], call.ty, layout
 
 
 def _regrouped(expr, known: dict):
-    """``expr``'s value when it only regroups values in ``known`` (var -> value)."""
+    """``expr``'s layout when it only regroups values in ``known`` (var -> layout)."""
     if isinstance(expr, relax.Var):
         return known[expr]
     if isinstance(expr, relax.Tuple):
         return tuple(_regrouped(f, known) for f in expr.fields)
     if isinstance(expr, relax.TupleGetItem):
-        value = _regrouped(expr.tuple_value, known)
-        return None if value is None else value[expr.index]
+        return _regrouped(expr.tuple_value, known)[expr.index]
     raise KeyError(expr)
+
+
+def arranger(layout) -> Callable:
+    """A function from a kernel's outputs (a sequence) to ``main``'s result as ``layout`` says
+    (an output's index, or tuples of layouts), prepared once: a call reads no IR."""
+    if isinstance(layout, int):
+        return operator.itemgetter(layout)
+    parts = [arranger(part) for part in layout]
+    if len(parts) == 1:
+        (only,) = parts
+        return lambda outputs: (only(outputs),)
+    return lambda outputs: tuple(part(outputs) for part in parts)
 
 
 def _unregister(names: list[str]) -> None:

@@ -62,6 +62,9 @@ class Kernel(Protocol):
     binds its buffers (``BoundBuffers``) may also have ``bound(tensors)``: a call with no
     arguments that runs it on those very tensors, for a caller that runs the same buffers
     again and again (``assembling.assemble.bound_main``), with nothing looked up per call.
+    An engine's kernel may also have ``plain(arrays)``: its users' own call on numpy arrays
+    (inputs in order), returning new arrays of its outputs, where that costs less than
+    copying into bound buffers and out (``assembling.caller``).
     """
 
     def __call__(self, *tensors) -> None: ...
