@@ -1,4 +1,5 @@
-"""Test-wide settings: no test writes to the user's cost log."""
+"""Test-wide settings: no test writes to the user's cost log; finalists are raced again in
+fresh processes only where that is under test."""
 
 import pytest
 
@@ -11,3 +12,12 @@ def private_cost_log(tmp_path_factory):
     mp.setenv("COLLAGE_COST_LOG", str(tmp_path_factory.mktemp("cost_log") / "costs.sqlite"))
     yield
     mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def no_race_in_fresh_processes(request, monkeypatch):
+    """Racing the kept finalist again in fresh processes (``collage.placing.confirm``) costs
+    an optimization 7-10 s here, and most tests optimize with real engines: it runs only in
+    tests marked ``fresh_race``."""
+    if "fresh_race" not in request.keywords:
+        monkeypatch.setattr("collage.placing.confirm.CLOSE", None)

@@ -16,6 +16,8 @@ from collage.placing.placement import Partition, Placement
 from collage.record import FinalistKind, FinalistName
 from experiments import models
 
+pytestmark = pytest.mark.fresh_race
+
 ORT = FinalistName(FinalistKind.ENGINE_ALONE, "onnxruntime")
 OV = FinalistName(FinalistKind.ENGINE_ALONE, "openvino")
 TVM = FinalistName(FinalistKind.OP_LEVEL)
@@ -78,3 +80,15 @@ def test_only_a_close_runner_up_is_raced_again():
     assert confirm.runner_up(race, {"a": 0, "c": 0}, "a") is None  # c is twice as slow
     assert confirm.runner_up(race, {"a": 0}, "a") is None
     assert np.isclose(confirm.CLOSE, 0.25)
+
+
+def test_optimize_races_a_close_runner_up_again_and_reports_it(mlp):
+    """The MLP with its ONNX file: ONNX Runtime on the file and on collage's conversion are
+    the same engine on nearly the same graph, close enough to race again."""
+    import collage
+
+    w = mlp[0]
+    opt = collage.optimize(w.relax, backends=["tvm", "onnxruntime"], onnx_model=w.onnx, threads=2, progress=False)
+    assert opt.record.confirmation is not None and "raced again, each in a fresh process" in opt.record.confirmation
+    assert opt.record.confirmation in opt.report()
+    assert str(opt.record.chosen) in opt.record.confirmation

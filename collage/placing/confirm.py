@@ -33,8 +33,8 @@ from . import elsewhere
 from .finalists import Finalist, Race, Verdict, bound_call
 
 # Raced again only when the runner-up's paid time is within this share of the kept one's:
-# farther apart, the conditions of the two races were never seen to swap them.
-CLOSE = 0.25
+# farther apart, the conditions of the two races were never seen to swap them. None: never.
+CLOSE: float | None = 0.25
 PROTOCOL = Protocol(rounds=9, block_ms=60.0, settle_s=0.1)
 BUILD_TIMEOUT_S = 600.0  # a worker's start (it imports every library) and an engine compiling a whole model
 BLOCK_TIMEOUT_S = 120.0
@@ -64,6 +64,8 @@ class Confirmation:
 
 def runner_up(race: Race, finalists: dict, kept) -> object | None:
     """The finalist after ``kept`` by the race's paid time, when it came within ``CLOSE``."""
+    if CLOSE is None:
+        return None
     others = [name for name in finalists if name != kept and race.blocks(name)]
     if not others:
         return None
