@@ -82,7 +82,9 @@ def plot_latency(results_json_path, png_path) -> None:
     ax.set_xticklabels([_model_label(results[name]) for name in model_names], fontsize=9)
     ax.grid(axis="y", which="major", alpha=0.3)
     ax.set_axisbelow(True)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=len(peers), frameon=False)
+    # Below the longest label (four lines at most once wrapped).
+    lines = max((_model_label(results[name]).count("\n") + 1 for name in model_names), default=2)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.045 * lines), ncol=len(peers), frameon=False)
     ax.set_title(_title(results), fontsize=10)
     Path(png_path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png_path, dpi=130, bbox_inches="tight")  # "tight" keeps the legend below the axes
@@ -126,7 +128,7 @@ def plot_shares(results_json_path, png_path) -> None:
 
 def _model_label(entry: dict) -> str:
     shapes = " ".join("x".join(map(str, shape)) for shape in entry["input_shapes"])
-    return f"{entry['description']}\n{shapes}"
+    return f"{textwrap.fill(entry['description'], 28)}\n{shapes}"  # long names would run into each other
 
 
 def _title(results: dict[str, dict], what: str = "Whole-model latency per peer") -> str:
