@@ -314,9 +314,10 @@ def _confirmed(chosen: FinalistName, note: str | None, finalists: dict, race, st
     if second is None:
         return chosen, note
     file = model.onnx_model if any(n.kind is FinalistKind.ENGINE_ON_FILE for n in (chosen, second)) else None
-    requests = confirm.requests_for((chosen, second), finalists, model.prepared, steps, file, model.arrays,
-                                    model.expected, config.target, config.accuracy)  # fmt: skip
-    confirmation = confirm.confirm(finalists, chosen, second, requests, config.threads, config.seed)
+    request = functools.partial(confirm.request_for, finalists=finalists, module=model.prepared, steps=steps,
+                                onnx_model=file, arrays=model.arrays, expected=model.expected, target=config.target,
+                                accuracy=config.accuracy)  # fmt: skip
+    confirmation = confirm.confirm(finalists, chosen, second, request, config.threads, config.seed)
     record.confirmation = confirmation.line()
     return (second, None) if confirmation.switched else (chosen, note)
 

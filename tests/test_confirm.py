@@ -1,6 +1,8 @@
 """The kept finalist raced again against a close runner-up, each in a fresh process of its own
 (``collage.placing.confirm``): real engines rebuilt in worker processes, blocks alternated."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -39,15 +41,16 @@ def mlp():
     return w, finalists, arrays, expected
 
 
-def requests(w, finalists, names, arrays, expected):
-    return confirm.requests_for(names, finalists, w.relax, {}, None, arrays, expected, "llvm", None)
+def requests(w, finalists, arrays, expected):
+    return functools.partial(confirm.request_for, finalists=finalists, module=w.relax, steps={}, onnx_model=None,
+                             arrays=arrays, expected=expected, target="llvm", accuracy=None)
 
 
 def test_a_kept_finalist_slower_in_fresh_processes_gives_way_to_the_runner_up(mlp):
     """Untuned TVM on the whole MLP (~0.7 ms here) against ONNX Runtime (~0.03): whatever the
     optimizing process's race said, the fresh processes' race keeps ONNX Runtime."""
     w, finalists, arrays, expected = mlp
-    result = confirm.confirm(finalists, TVM, ORT, requests(w, finalists, (TVM, ORT), arrays, expected), threads=2)
+    result = confirm.confirm(finalists, TVM, ORT, requests(w, finalists, arrays, expected), threads=2)
     assert result.skipped is None and result.switched
     assert result.kept == str(ORT) and result.runner_up == str(TVM) and result.verdict == "slower"
     assert result.costs[str(TVM)].median_ms > result.costs[str(ORT)].median_ms
@@ -56,7 +59,7 @@ def test_a_kept_finalist_slower_in_fresh_processes_gives_way_to_the_runner_up(ml
 
 def test_a_kept_finalist_as_fast_or_faster_stays(mlp):
     w, finalists, arrays, expected = mlp
-    result = confirm.confirm(finalists, ORT, TVM, requests(w, finalists, (ORT, TVM), arrays, expected), threads=2)
+    result = confirm.confirm(finalists, ORT, TVM, requests(w, finalists, arrays, expected), threads=2)
     assert result.skipped is None and not result.switched and result.kept == str(ORT)
     assert set(result.costs) == {str(ORT), str(TVM)} and all(c.is_valid for c in result.costs.values())
     assert "each in a fresh process" in result.line() and "kept" in result.line()
@@ -68,7 +71,10 @@ def test_a_backend_a_fresh_process_lacks_is_not_raced_and_says_why(mlp):
     part = finalists[ORT].partitions[0]
     foreign[OV] = type(finalists[ORT])([Partition(Candidate(part.candidate.subgraph, "numpy", "numpy.x"), Cost.of(1.0))],
                                        finalists[ORT].assembly, finalists[ORT].vm, 1.0)
-    result = confirm.confirm(foreign, ORT, OV, {}, threads=2)
+    def not_asked(name):
+        raise AssertionError("a race that cannot run asks for no request")
+
+    result = confirm.confirm(foreign, ORT, OV, not_asked, threads=2)
     assert not result.switched and result.kept == str(ORT)
     assert result.skipped == "numpy not registered for a fresh process"
     assert result.line().startswith("not raced again in fresh processes: numpy")

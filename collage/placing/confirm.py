@@ -21,6 +21,7 @@ import functools
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..candidates.backend import default_backends
@@ -73,10 +74,11 @@ def runner_up(race: Race, finalists: dict, kept) -> object | None:
     return second if race.paid_ms(second) <= (1 + CLOSE) * race.paid_ms(kept) else None
 
 
-def confirm(finalists: dict, kept, second, requests: dict, threads: int, seed: int = 0) -> Confirmation:
+def confirm(finalists: dict, kept, second, request: Callable[[object], bytes], threads: int,
+            seed: int = 0) -> Confirmation:  # fmt: skip
     """``kept`` and ``second`` (names in ``finalists``) raced each in a worker process of its
-    own; ``requests`` maps each name to its ``elsewhere.request`` bytes (that finalist alone).
-    Never raises: a race that cannot run says why (``skipped``)."""
+    own; ``request(name)`` is that finalist alone as ``elsewhere.request`` bytes, made only
+    for a race that runs. Never raises: a race that cannot run says why (``skipped``)."""
     result = Confirmation(str(kept), str(second))
     unknown = {p.backend for name in (kept, second) for p in finalists[name].partitions} - set(default_backends().names())
     if unknown:
@@ -87,7 +89,7 @@ def confirm(finalists: dict, kept, second, requests: dict, threads: int, seed: i
         worker.start()  # both import their libraries at once
     try:
         for name, worker in workers.items():
-            why = worker.call(functools.partial(_hold, requests[name], threads), BUILD_TIMEOUT_S)
+            why = worker.call(functools.partial(_hold, request(name), threads), BUILD_TIMEOUT_S)
             if why is not None:
                 result.skipped = f"'{name}' could not be rebuilt there: {why}"
                 return result
@@ -137,9 +139,8 @@ def _block() -> float:
     return statistics.median(timed_block(_HELD["call"], _HELD["calls"]))
 
 
-def requests_for(names, finalists: dict[object, Finalist], module, steps: dict, onnx_model, arrays, expected, target: str,
-                 accuracy) -> dict:  # fmt: skip
-    """Each of ``names`` as a race request of its own (``elsewhere.request``)."""
-    return {name: elsewhere.request({str(name): finalists[name]}, module, {str(name): steps.get(name) or []},
-                                    onnx_model, arrays, expected, target, accuracy, metered=False)
-            for name in names}  # fmt: skip
+def request_for(name, finalists: dict[object, Finalist], module, steps: dict, onnx_model, arrays, expected,
+                target: str, accuracy) -> bytes:  # fmt: skip
+    """Finalist ``name`` alone as a race request (``elsewhere.request``)."""
+    return elsewhere.request({str(name): finalists[name]}, module, {str(name): steps.get(name) or []},
+                             onnx_model, arrays, expected, target, accuracy, metered=False)
