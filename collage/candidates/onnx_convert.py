@@ -31,6 +31,7 @@ from tvm import relax
 
 from ..model.graph import DataflowGraph, Node
 from .backend import Unsupported
+from .static import check_type, dtype_of, ints, number, static_ints, static_shape
 
 OPSET = 17
 IR_VERSION = 10  # onnx writes IR 14 by default; onnxruntime 1.31 loads at most 13
@@ -117,51 +118,8 @@ class _Graph:
 # --------------------------------------------------------------------------- types and attributes
 
 
-def _dtype(ty) -> str:
-    return str(ty.dtype)
-
-
 def _onnx_type(dtype: str) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-
-
-def _shape(ty) -> tuple[int, ...]:
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        raise Unsupported(f"a tensor of unknown shape ({ty}) has no static ONNX shape")
-    try:
-        return tuple(int(d) for d in ty.shape)
-    except TypeError:
-        raise Unsupported(f"symbolic shape {ty} is not supported") from None
-
-
-def _check_type(ty) -> None:
-    """Unsupported unless ``ty`` is a tensor of a supported dtype and static shape, or a
-    tuple of such; shapes and prim values (attributes given as arguments) pass."""
-    if isinstance(ty, relax.TupleType):
-        for field in ty.fields:
-            _check_type(field)
-    elif isinstance(ty, relax.TensorType):
-        if _dtype(ty) not in DTYPES:
-            raise Unsupported(f"dtype {_dtype(ty)} is not supported (supported: {', '.join(DTYPES)})")
-        _shape(ty)
-
-
-def _ints(values) -> list[int]:
-    return [int(v) for v in values]
-
-
-def _number(expr):
-    """The value of a static scalar argument (an IntImm or FloatImm: clip's bounds, arange's)."""
-    if isinstance(getattr(expr, "value", None), (int, float)):
-        return expr.value
-    raise Unsupported(f"argument {expr} is not a static number")
-
-
-def _static_ints(expr) -> list[int]:
-    """A static tuple of integers given as an argument (strided_slice's bounds)."""
-    if not isinstance(expr, relax.Tuple):
-        raise Unsupported(f"argument {expr} is not a static tuple of integers")
-    return [int(_number(item)) for item in expr.fields]
 
 
 def _require(condition: bool, call: relax.Call, what: str) -> None:
@@ -170,17 +128,17 @@ def _require(condition: bool, call: relax.Call, what: str) -> None:
 
 
 def _require_float(call: relax.Call) -> None:
-    dtype = _dtype(call.args[0].ty)
+    dtype = dtype_of(call.args[0].ty)
     _require(dtype.startswith("float"), call, f"dtype {dtype} (ONNX implements it for floats only)")
 
 
 def _inputs_as_result_dtype(g: _Graph, call: relax.Call, count: int) -> list[str]:
     """The first ``count`` arguments, cast to the result dtype where it differs (``out_dtype``)."""
-    dtype = _dtype(call.ty)
+    dtype = dtype_of(call.ty)
     names = []
     for arg in call.args[:count]:
         name = g.tensor(arg)
-        names.append(name if _dtype(arg.ty) == dtype else g.op("Cast", [name], to=_onnx_type(dtype)))
+        names.append(name if dtype_of(arg.ty) == dtype else g.op("Cast", [name], to=_onnx_type(dtype)))
     return names
 
 
@@ -242,7 +200,7 @@ def _rsqrt(g, call):
     """1 / sqrt(x) as a ``Div``, as torch's exporter writes it: ONNX Runtime's RMSNorm fusion
     (SimplifiedLayerNormalization) looks for that and missed a Reciprocal (Llama's norms)."""
     _require_float(call)
-    return g.op("Div", [g.scalar(1, _dtype(call.ty)), g.op("Sqrt", [g.tensor(call.args[0])])])
+    return g.op("Div", [g.scalar(1, dtype_of(call.ty)), g.op("Sqrt", [g.tensor(call.args[0])])])
 
 
 @_converts("relax.square")
@@ -256,7 +214,7 @@ def _trunc(g, call):
     """Ceil below zero, Floor above: opset 17 has no Trunc."""
     _require_float(call)
     x = g.tensor(call.args[0])
-    negative = g.op("Less", [x, g.scalar(0, _dtype(call.ty))])
+    negative = g.op("Less", [x, g.scalar(0, dtype_of(call.ty))])
     return g.op("Where", [negative, g.op("Ceil", [x]), g.op("Floor", [x])])
 
 
@@ -274,7 +232,7 @@ _BOOLEAN_OPS = {
 @_converts(*_BOOLEAN_OPS)
 def _bitwise(g, call):
     # BitwiseAnd, BitwiseOr, ... came in opset 18: at 17 only booleans have them, as And, Or, ...
-    dtype = _dtype(call.args[0].ty)
+    dtype = dtype_of(call.args[0].ty)
     _require(dtype == "bool", call, f"dtype {dtype} (opset 17 has bitwise operators for booleans only)")
     return g.op(_BOOLEAN_OPS[call.op.name], [g.tensor(a) for a in call.args])
 
@@ -284,7 +242,7 @@ def _mod(g, call):
     x, y = (g.tensor(a) for a in call.args)
     if call.op.name == "relax.mod":
         return g.op("Mod", [x, y], fmod=1)  # C's fmod: the sign of the dividend
-    if not _dtype(call.ty).startswith("float"):
+    if not dtype_of(call.ty).startswith("float"):
         return g.op("Mod", [x, y], fmod=0)  # the sign of the divisor, as Python's %
     # ONNX Mod takes floats with fmod=1 only: x - floor(x / y) y, as TVM computes it.
     return g.op("Sub", [x, g.op("Mul", [g.op("Floor", [g.op("Div", [x, y])]), y])])
@@ -293,7 +251,7 @@ def _mod(g, call):
 @_converts("relax.floor_divide")
 def _floor_divide(g, call):
     x, y = (g.tensor(a) for a in call.args)
-    if _dtype(call.ty).startswith("float"):
+    if dtype_of(call.ty).startswith("float"):
         return g.op("Floor", [g.op("Div", [x, y])])
     # ONNX Div truncates integers; x - (x floor-mod y) is a multiple of y, so its Div is exact.
     return g.op("Div", [g.op("Sub", [x, g.op("Mod", [x, y], fmod=0)]), y])
@@ -310,7 +268,7 @@ def _gelu(g, call):
     """x (1 + erf(x / sqrt 2)) 0.5: opset 17 has no Gelu. Written as torch's exporter writes it,
     a ``Div`` by sqrt 2 and the 0.5 last: ONNX Runtime's Gelu fusion looks for that form and
     missed the multiply by 1 / sqrt 2 (ConvNeXt ran 15% slower from the conversion)."""
-    x, dtype = g.tensor(call.args[0]), _dtype(call.ty)
+    x, dtype = g.tensor(call.args[0]), dtype_of(call.ty)
     erf = g.op("Erf", [g.op("Div", [x, g.scalar(math.sqrt(2), dtype)])])
     one_plus = g.op("Add", [erf, g.scalar(1, dtype)])
     return g.op("Mul", [g.op("Mul", [x, one_plus]), g.scalar(0.5, dtype)])
@@ -319,7 +277,7 @@ def _gelu(g, call):
 @_converts("relax.nn.gelu_tanh")
 def _gelu_tanh(g, call):
     """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))."""
-    x, dtype = g.tensor(call.args[0]), _dtype(call.ty)
+    x, dtype = g.tensor(call.args[0]), dtype_of(call.ty)
     cube = g.op("Mul", [g.op("Mul", [x, x]), x])
     inner = g.op("Add", [x, g.op("Mul", [cube, g.scalar(0.044715, dtype)])])
     tanh = g.op("Tanh", [g.op("Mul", [inner, g.scalar(math.sqrt(2 / math.pi), dtype)])])
@@ -333,7 +291,7 @@ def _leakyrelu(g, call):
 
 @_converts("relax.nn.prelu")
 def _prelu(g, call):
-    rank, axis = len(_shape(call.ty)), int(call.attrs.axis) % len(_shape(call.ty))
+    rank, axis = len(static_shape(call.ty)), int(call.attrs.axis) % len(static_shape(call.ty))
     # PRelu broadcasts the slope numpy-style: it gains an axis of 1 per axis after the channel's.
     slope = g.op("Reshape", [g.tensor(call.args[1]), g.ints([-1] + [1] * (rank - 1 - axis))])
     return g.op("PRelu", [g.tensor(call.args[0]), slope])
@@ -342,7 +300,7 @@ def _prelu(g, call):
 @_converts("relax.nn.softplus")
 def _softplus(g, call):
     """log(1 + exp(beta x)) / beta, or x where beta x > threshold (ONNX's Softplus has no beta)."""
-    x, dtype, a = g.tensor(call.args[0]), _dtype(call.ty), call.attrs
+    x, dtype, a = g.tensor(call.args[0]), dtype_of(call.ty), call.attrs
     scaled = g.op("Mul", [x, g.scalar(float(a.beta), dtype)])
     soft = g.op("Div", [g.op("Softplus", [scaled]), g.scalar(float(a.beta), dtype)])
     return g.op("Where", [g.op("Greater", [scaled, g.scalar(float(a.threshold), dtype)]), x, soft])
@@ -350,14 +308,14 @@ def _softplus(g, call):
 
 @_converts("relax.clip")
 def _clip(g, call):
-    dtype = _dtype(call.ty)
-    low, high = (g.scalar(_number(a), dtype) for a in call.args[1:3])
+    dtype = dtype_of(call.ty)
+    low, high = (g.scalar(number(a), dtype) for a in call.args[1:3])
     return g.op("Clip", [g.tensor(call.args[0]), low, high])
 
 
 @_converts("relax.astype")
 def _astype(g, call):
-    return g.op("Cast", [g.tensor(call.args[0])], to=_onnx_type(_dtype(call.ty)))
+    return g.op("Cast", [g.tensor(call.args[0])], to=_onnx_type(dtype_of(call.ty)))
 
 
 # Convolution and pooling read NC + spatial data layouts only (what ONNX defines).
@@ -368,12 +326,12 @@ _SPATIAL_LAYOUTS = {1: ("NCW", "OIW"), 2: ("NCHW", "OIHW"), 3: ("NCDHW", "OIDHW"
 def _conv(g, call):
     _require_float(call)
     a, weight = call.attrs, call.args[1]
-    data_layout, kernel_layout = _SPATIAL_LAYOUTS[len(_shape(weight.ty)) - 2]
+    data_layout, kernel_layout = _SPATIAL_LAYOUTS[len(static_shape(weight.ty)) - 2]
     _require(a.data_layout == data_layout and a.out_layout in ("", data_layout), call, f"layout {a.data_layout}")
     _require(a.kernel_layout == kernel_layout, call, f"kernel layout {a.kernel_layout}")
     return g.op(
-        "Conv", _inputs_as_result_dtype(g, call, 2), kernel_shape=_shape(weight.ty)[2:], strides=_ints(a.strides),
-        pads=_ints(a.padding), dilations=_ints(a.dilation), group=int(a.groups),
+        "Conv", _inputs_as_result_dtype(g, call, 2), kernel_shape=static_shape(weight.ty)[2:], strides=ints(a.strides),
+        pads=ints(a.padding), dilations=ints(a.dilation), group=int(a.groups),
     )  # fmt: skip
 
 
@@ -381,15 +339,15 @@ def _conv(g, call):
 def _conv_transpose(g, call):
     _require_float(call)
     a, weight = call.attrs, call.args[1]
-    data_layout, kernel_layout = _SPATIAL_LAYOUTS[len(_shape(weight.ty)) - 2]
+    data_layout, kernel_layout = _SPATIAL_LAYOUTS[len(static_shape(weight.ty)) - 2]
     # ONNX ConvTranspose weights are (in, out / groups, k...): Relax's IOHW.
     kernel_layout = kernel_layout.replace("OI", "IO")
     _require(a.data_layout == data_layout and a.out_layout in ("", data_layout), call, f"layout {a.data_layout}")
     _require(a.kernel_layout == kernel_layout, call, f"kernel layout {a.kernel_layout}")
     return g.op(
-        "ConvTranspose", _inputs_as_result_dtype(g, call, 2), kernel_shape=_shape(weight.ty)[2:],
-        strides=_ints(a.strides), pads=_ints(a.padding), output_padding=_ints(a.output_padding),
-        dilations=_ints(a.dilation), group=int(a.groups),
+        "ConvTranspose", _inputs_as_result_dtype(g, call, 2), kernel_shape=static_shape(weight.ty)[2:],
+        strides=ints(a.strides), pads=ints(a.padding), output_padding=ints(a.output_padding),
+        dilations=ints(a.dilation), group=int(a.groups),
     )  # fmt: skip
 
 
@@ -400,8 +358,8 @@ def _pool_pads(call: relax.Call, kernel, strides, dilation) -> list[int]:
     instead of ONNX's ceil_mode the pooling gets the end padding that window needs.
     """
     a, rank = call.attrs, len(kernel)
-    in_size, out_size = _shape(call.args[0].ty)[2:], _shape(call.ty)[2:]
-    begin, end = _ints(a.padding)[:rank], _ints(a.padding)[rank:]
+    in_size, out_size = static_shape(call.args[0].ty)[2:], static_shape(call.ty)[2:]
+    begin, end = ints(a.padding)[:rank], ints(a.padding)[rank:]
     for i in range(rank):
         span = (out_size[i] - 1) * strides[i] + (kernel[i] - 1) * dilation[i] + 1
         end[i] = max(end[i], span - in_size[i] - begin[i])
@@ -412,7 +370,7 @@ def _pool_pads(call: relax.Call, kernel, strides, dilation) -> list[int]:
 def _pool(g, call):
     _require_float(call)
     a = call.attrs
-    kernel, strides, dilation = _ints(a.pool_size), _ints(a.strides), _ints(a.dilation)
+    kernel, strides, dilation = ints(a.pool_size), ints(a.strides), ints(a.dilation)
     layout = _SPATIAL_LAYOUTS[len(kernel)][0]
     _require(a.layout == layout and a.out_layout in ("", layout), call, f"layout {a.layout}")
     pads = _pool_pads(call, kernel, strides, dilation)
@@ -424,7 +382,7 @@ def _pool(g, call):
     if a.ceil_mode and a.count_include_pad:
         # TVM (as torch) counts Relax's padding but not a ceil-mode window's overhang, which
         # AveragePool would count as zeros: the padding becomes a Pad, and only it counts.
-        rank, explicit = len(kernel), _ints(a.padding)
+        rank, explicit = len(kernel), ints(a.padding)
         if any(explicit):
             x = g.op("Pad", [x, g.ints([0, 0] + explicit[:rank] + [0, 0] + explicit[rank:])])
         pads = [0] * rank + [p - e for p, e in zip(pads[rank:], explicit[rank:])]
@@ -435,7 +393,7 @@ def _pool(g, call):
 @_converts("relax.nn.adaptive_avg_pool1d", "relax.nn.adaptive_avg_pool2d", "relax.nn.adaptive_avg_pool3d")
 def _adaptive_avg_pool(g, call):
     _require_float(call)
-    in_size, out_size = _shape(call.args[0].ty)[2:], _shape(call.ty)[2:]
+    in_size, out_size = static_shape(call.args[0].ty)[2:], static_shape(call.ty)[2:]
     layout = _SPATIAL_LAYOUTS[len(in_size)][0]
     _require(call.attrs.layout == layout and call.attrs.out_layout in ("", layout), call, f"layout {call.attrs.layout}")
     x = g.tensor(call.args[0])
@@ -452,7 +410,7 @@ def _batch_norm(g, call):
     """Inference batch norm; like Relax, returns (output, moving mean, moving variance)."""
     a = call.attrs
     _require(not a.training, call, "training mode")
-    _require(int(a.axis) in (1, 1 - len(_shape(call.args[0].ty))), call, f"axis {a.axis} (ONNX normalizes axis 1)")
+    _require(int(a.axis) in (1, 1 - len(static_shape(call.args[0].ty))), call, f"axis {a.axis} (ONNX normalizes axis 1)")
     _require(a.center and a.scale, call, "center=False or scale=False")
     x, gamma, beta, mean, var = (g.tensor(arg) for arg in call.args)
     return [g.op("BatchNormalization", [x, gamma, beta, mean, var], epsilon=float(a.epsilon)), mean, var]
@@ -460,9 +418,9 @@ def _batch_norm(g, call):
 
 @_converts("relax.nn.layer_norm")
 def _layer_norm(g, call):
-    a, rank = call.attrs, len(_shape(call.args[0].ty))
-    axes = sorted(axis % rank for axis in _ints(a.axes))
-    _require(axes == list(range(axes[0], rank)), call, f"axes {_ints(a.axes)} (ONNX normalizes trailing axes)")
+    a, rank = call.attrs, len(static_shape(call.args[0].ty))
+    axes = sorted(axis % rank for axis in ints(a.axes))
+    _require(axes == list(range(axes[0], rank)), call, f"axes {ints(a.axes)} (ONNX normalizes trailing axes)")
     # TVM's legalization applies gamma and beta whatever the flags say; ONNX would honour them.
     _require(a.center and a.scale, call, "center=False or scale=False")
     inputs = [g.tensor(arg) for arg in call.args]
@@ -471,9 +429,9 @@ def _layer_norm(g, call):
 
 def _trailing_axes(call: relax.Call) -> list[int]:
     """The normalized axes, which must be the trailing ones (ONNX's layer norms' only kind)."""
-    rank = len(_shape(call.args[0].ty))
-    axes = sorted(axis % rank for axis in _ints(call.attrs.axes))
-    _require(axes == list(range(axes[0], rank)), call, f"axes {_ints(call.attrs.axes)} (not the trailing axes)")
+    rank = len(static_shape(call.args[0].ty))
+    axes = sorted(axis % rank for axis in ints(call.attrs.axes))
+    _require(axes == list(range(axes[0], rank)), call, f"axes {ints(call.attrs.axes)} (not the trailing axes)")
     return axes
 
 
@@ -481,7 +439,7 @@ def _trailing_axes(call: relax.Call) -> list[int]:
 def _rms_norm(g, call):
     """x / sqrt(mean(x^2) + epsilon) * weight: opset 17 has no RMSNormalization."""
     _require_float(call)
-    x, weight, dtype = g.tensor(call.args[0]), g.tensor(call.args[1]), _dtype(call.ty)
+    x, weight, dtype = g.tensor(call.args[0]), g.tensor(call.args[1]), dtype_of(call.ty)
     mean_square = g.op("ReduceMean", [g.op("Mul", [x, x])], axes=_trailing_axes(call), keepdims=1)
     rms = g.op("Sqrt", [g.op("Add", [mean_square, g.scalar(float(call.attrs.epsilon), dtype)])])
     return g.op("Mul", [g.op("Div", [x, rms]), weight])
@@ -489,13 +447,13 @@ def _rms_norm(g, call):
 
 def _spatial_norm_axes(call: relax.Call) -> None:
     """InstanceNormalization's layout: channel axis 1, normalizing every axis after it."""
-    a, shape = call.attrs, _shape(call.args[0].ty)
+    a, shape = call.attrs, static_shape(call.args[0].ty)
     rank = len(shape)
-    axes = {axis % rank for axis in _ints(a.axes)}
+    axes = {axis % rank for axis in ints(a.axes)}
     if shape[0] == 1:
         axes.discard(0)  # over a batch of one, as the torch frontend's instance norm writes
     _require(int(a.channel_axis) % rank == 1, call, f"channel_axis {a.channel_axis}")
-    _require(axes == set(range(2, rank)), call, f"axes {_ints(a.axes)} (not those after the channel axis)")
+    _require(axes == set(range(2, rank)), call, f"axes {ints(a.axes)} (not those after the channel axis)")
     # TVM's legalization applies gamma and beta whatever the flags say.
     _require(a.center and a.scale, call, "center=False or scale=False")
 
@@ -516,7 +474,7 @@ def _group_norm(g, call):
     """
     _require_float(call)
     _spatial_norm_axes(call)
-    shape, dtype, groups = _shape(call.args[0].ty), _dtype(call.ty), int(call.attrs.num_groups)
+    shape, dtype, groups = static_shape(call.args[0].ty), dtype_of(call.ty), int(call.attrs.num_groups)
     grouped = g.op("Reshape", [g.tensor(call.args[0]), g.ints([shape[0], groups, -1])])
     ones, zeros = g.initializer(np.ones(groups, dtype)), g.initializer(np.zeros(groups, dtype))
     normed = g.op("InstanceNormalization", [grouped, ones, zeros], epsilon=float(call.attrs.epsilon))
@@ -546,7 +504,7 @@ def _reduction(onnx_op: str, axes_as_input: bool) -> Converter:
             return g.op(onnx_op, [x], keepdims=keepdims)
         if axes_as_input:
             return g.op(onnx_op, [x, g.ints(a.axis)], keepdims=keepdims)
-        return g.op(onnx_op, [x], axes=_ints(a.axis), keepdims=keepdims)
+        return g.op(onnx_op, [x], axes=ints(a.axis), keepdims=keepdims)
 
     return convert
 
@@ -568,12 +526,12 @@ def _mean(g, call):
     Only from rank 4: a mean over the last axis of a rank-3 tensor is a transformer's (batch,
     tokens, features) more often than a 1-D signal's, and the engines' LayerNorm and RMSNorm
     fusions look for ReduceMean there (DeBERTa's and Llama's norms stayed six kernels)."""
-    rank = len(_shape(call.args[0].ty))
+    rank = len(static_shape(call.args[0].ty))
     axes = None if call.attrs.axis is None else sorted(int(a) % rank for a in call.attrs.axis)
-    if rank < 4 or axes != list(range(2, rank)) or not _dtype(call.ty).startswith("float"):
+    if rank < 4 or axes != list(range(2, rank)) or not dtype_of(call.ty).startswith("float"):
         return _reduce_mean(g, call)
     pooled = g.op("GlobalAveragePool", [g.tensor(call.args[0])])
-    return pooled if call.attrs.keepdims else g.op("Reshape", [pooled, g.ints(_shape(call.ty))])
+    return pooled if call.attrs.keepdims else g.op("Reshape", [pooled, g.ints(static_shape(call.ty))])
 
 
 @_converts("relax.variance", "relax.std")
@@ -581,7 +539,7 @@ def _variance(g, call):
     """mean((x - mean x)^2), the population variance, as TVM's; std is its square root."""
     _require_float(call)
     a, x = call.attrs, g.tensor(call.args[0])
-    axes = {} if a.axis is None else {"axes": _ints(a.axis)}
+    axes = {} if a.axis is None else {"axes": ints(a.axis)}
     centred = g.op("Sub", [x, g.op("ReduceMean", [x], keepdims=1, **axes)])
     variance = g.op("ReduceMean", [g.op("Mul", [centred, centred])], keepdims=int(bool(a.keepdims)), **axes)
     return g.op("Sqrt", [variance]) if call.op.name == "relax.std" else variance
@@ -597,15 +555,15 @@ def _arg_reduction(g, call):
     onnx_op = "ArgMax" if call.op.name == "relax.argmax" else "ArgMin"
     if a.axis is None:  # the index in the flattened tensor
         flat = g.op(onnx_op, [g.op("Reshape", [x, g.ints([-1])])], axis=0, keepdims=0)
-        index = g.op("Reshape", [flat, g.ints(_shape(call.ty))])
+        index = g.op("Reshape", [flat, g.ints(static_shape(call.ty))])
     else:
         index = g.op(onnx_op, [x], axis=int(a.axis), keepdims=int(bool(a.keepdims)))
-    return _cast(g, index, "int64", _dtype(call.ty))
+    return _cast(g, index, "int64", dtype_of(call.ty))
 
 
 @_converts("relax.cumsum")
 def _cumsum(g, call):
-    a, dtype = call.attrs, _dtype(call.ty)
+    a, dtype = call.attrs, dtype_of(call.ty)
     # CumSum is defined for 32- and 64-bit numbers and float16 only.
     _require(dtype in ("int32", "int64", "float16", "float32", "float64"), call, f"dtype {dtype}")
     (x,) = _inputs_as_result_dtype(g, call, 1)
@@ -630,28 +588,28 @@ def _sort(g, call):
     """A TopK of the whole axis (ties keep their order: TopK puts the lower index first)."""
     a = call.attrs
     axis = int(a.axis)
-    size = _shape(call.args[0].ty)[axis]
+    size = static_shape(call.args[0].ty)[axis]
     values, indices = g.op(
         "TopK", [g.tensor(call.args[0]), g.ints([size])], outputs=2, axis=axis, largest=int(bool(a.descending)),
     )  # fmt: skip
-    return values if call.op.name == "relax.sort" else _cast(g, indices, "int64", _dtype(call.ty))
+    return values if call.op.name == "relax.sort" else _cast(g, indices, "int64", dtype_of(call.ty))
 
 
 @_converts("relax.reshape", "relax.flatten", "relax.expand_dims", "relax.squeeze", "relax.nn.batch_flatten")
 def _reshape_to_result(g, call):
     """Shapes are static, so each of these is a Reshape to the result's shape."""
-    return g.op("Reshape", [g.tensor(call.args[0]), g.ints(_shape(call.ty))])
+    return g.op("Reshape", [g.tensor(call.args[0]), g.ints(static_shape(call.ty))])
 
 
 @_converts("relax.broadcast_to")
 def _broadcast_to(g, call):
-    return g.op("Expand", [g.tensor(call.args[0]), g.ints(_shape(call.ty))])
+    return g.op("Expand", [g.tensor(call.args[0]), g.ints(static_shape(call.ty))])
 
 
 @_converts("relax.permute_dims")
 def _permute_dims(g, call):
     axes = call.attrs.axes
-    perm = _ints(axes) if axes is not None else list(reversed(range(len(_shape(call.ty)))))
+    perm = ints(axes) if axes is not None else list(reversed(range(len(static_shape(call.ty)))))
     return g.op("Transpose", [g.tensor(call.args[0])], perm=perm)
 
 
@@ -664,14 +622,14 @@ def _concat(g, call):
 @_converts("relax.split")
 def _split(g, call):
     axis = int(call.attrs.axis)
-    sizes = [_shape(field)[axis] for field in call.ty.fields]
+    sizes = [static_shape(field)[axis] for field in call.ty.fields]
     return g.op("Split", [g.tensor(call.args[0]), g.ints(sizes)], outputs=len(sizes), axis=axis)
 
 
 @_converts("relax.strided_slice")
 def _strided_slice(g, call):
-    axes, begin, end = (_static_ints(arg) for arg in call.args[1:4])
-    strides = _static_ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
+    axes, begin, end = (static_ints(arg) for arg in call.args[1:4])
+    strides = static_ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
     bounds = [g.ints(values) for values in (begin, end, axes, strides)]
     return g.op("Slice", [g.tensor(call.args[0]), *bounds])
 
@@ -701,10 +659,10 @@ def _gather_nd(g, call):
 def _index_tensor(g, call):
     """x[i0, i1, ...]: the broadcast index tensors stacked on a last axis, one GatherND."""
     index_types = _flat_types(call.args[1].ty)
-    batch = tuple(np.broadcast_shapes(*(_shape(ty) for ty in index_types)))
+    batch = tuple(np.broadcast_shapes(*(static_shape(ty) for ty in index_types)))
     columns = []
     for name, ty in zip(g.tensors(call.args[1]), index_types):
-        name = _cast(g, name, _dtype(ty), "int64")  # GatherND reads int64 indices only
+        name = _cast(g, name, dtype_of(ty), "int64")  # GatherND reads int64 indices only
         columns.append(g.op("Reshape", [g.op("Expand", [name, g.ints(batch)]), g.ints(batch + (1,))]))
     indices = columns[0] if len(columns) == 1 else g.op("Concat", columns, axis=-1)
     return g.op("GatherND", [g.tensor(call.args[0]), indices])
@@ -728,10 +686,10 @@ def _scatter_elements(g, call):
 def _slice_scatter(g, call):
     """``src`` in place of data[start:end] along the axis: a Concat of it and data's ends."""
     data, src = call.args[:2]
-    start, end, step = (int(_number(arg)) for arg in call.args[2:5])
+    start, end, step = (int(number(arg)) for arg in call.args[2:5])
     _require(step == 1, call, f"step {step}")
-    axis = int(call.attrs.axis) % len(_shape(data.ty))
-    size = _shape(data.ty)[axis]
+    axis = int(call.attrs.axis) % len(static_shape(data.ty))
+    size = static_shape(data.ty)[axis]
     start, end, _ = slice(start, end).indices(size)
     x, parts = g.tensor(data), [g.tensor(src)]
     if start > 0:
@@ -749,8 +707,8 @@ def _flip(g, call):
 
 @_converts("relax.tile")
 def _tile(g, call):
-    shape, out_shape = _shape(call.args[0].ty), _shape(call.ty)
-    repeats = _ints(call.attrs.repeats)
+    shape, out_shape = static_shape(call.args[0].ty), static_shape(call.ty)
+    repeats = ints(call.attrs.repeats)
     repeats = [1] * (len(out_shape) - len(repeats)) + repeats
     x = g.tensor(call.args[0])
     if len(shape) < len(out_shape):  # as numpy's tile, the data gains leading axes of 1
@@ -761,7 +719,7 @@ def _tile(g, call):
 @_converts("relax.repeat")
 def _repeat(g, call):
     """Each element ``repeats`` times along the axis: expanded over a new axis after it."""
-    a, x, shape = call.attrs, g.tensor(call.args[0]), _shape(call.args[0].ty)
+    a, x, shape = call.attrs, g.tensor(call.args[0]), static_shape(call.args[0].ty)
     axis = 0 if a.axis is None else int(a.axis) % len(shape)
     if a.axis is None:  # over the flattened tensor
         shape = (int(np.prod(shape)),)
@@ -769,19 +727,19 @@ def _repeat(g, call):
     before, after = shape[: axis + 1], shape[axis + 1 :]
     x = g.op("Reshape", [x, g.ints(before + (1,) + after)])
     x = g.op("Expand", [x, g.ints(before + (int(a.repeats),) + after)])
-    return g.op("Reshape", [x, g.ints(_shape(call.ty))])
+    return g.op("Reshape", [x, g.ints(static_shape(call.ty))])
 
 
 @_converts("relax.stack")
 def _stack(g, call):
-    axis = int(call.attrs.axis) % len(_shape(call.ty))
+    axis = int(call.attrs.axis) % len(static_shape(call.ty))
     fields = [g.op("Unsqueeze", [name, g.ints([axis])]) for name in g.tensors(call.args[0])]
     return g.op("Concat", fields, axis=axis)
 
 
 @_converts("relax.tril", "relax.triu")
 def _trilu(g, call):
-    k = g.scalar(int(_number(call.args[1])), "int64")
+    k = g.scalar(int(number(call.args[1])), "int64")
     return g.op("Trilu", [g.tensor(call.args[0]), k], upper=int(call.op.name == "relax.triu"))
 
 
@@ -794,12 +752,12 @@ def _einsum(g, call):
 def _one_hot(g, call):
     """Where(index == class, on, off): an index out of range gives all off, as in TVM (ONNX's
     OneHot would count a negative index from the end)."""
-    a, dtype, indices = call.attrs, _dtype(call.ty), call.args[0]
-    rank = len(_shape(indices.ty))
+    a, dtype, indices = call.attrs, dtype_of(call.ty), call.args[0]
+    rank = len(static_shape(indices.ty))
     axis = int(a.axis) % (rank + 1)
-    classes = np.arange(int(a.depth), dtype=_dtype(indices.ty)).reshape((-1,) + (1,) * (rank - axis))
+    classes = np.arange(int(a.depth), dtype=dtype_of(indices.ty)).reshape((-1,) + (1,) * (rank - axis))
     hit = g.op("Equal", [g.op("Unsqueeze", [g.tensor(indices), g.ints([axis])]), g.initializer(classes, "classes")])
-    on, off = (g.scalar(_number(arg), dtype) for arg in call.args[1:3])
+    on, off = (g.scalar(number(arg), dtype) for arg in call.args[1:3])
     return g.op("Where", [hit, on, off])
 
 
@@ -811,11 +769,11 @@ def _pad(g, call):
     a = call.attrs
     # ONNX Pad's wrap mode (Relax's circular) came in opset 19.
     _require(str(a.pad_mode) in _PAD_MODES, call, f"pad_mode {a.pad_mode!r}")
-    widths = _ints(a.pad_width)  # before and after, axis by axis
+    widths = ints(a.pad_width)  # before and after, axis by axis
     _require(min(widths) >= 0, call, f"negative pad_width {widths}")
     inputs = [g.tensor(call.args[0]), g.ints(widths[::2] + widths[1::2])]
     if a.pad_mode == "constant":
-        inputs.append(g.scalar(float(a.pad_value), _dtype(call.ty)))
+        inputs.append(g.scalar(float(a.pad_value), dtype_of(call.ty)))
     return g.op("Pad", inputs, mode=_PAD_MODES[str(a.pad_mode)])
 
 
@@ -864,8 +822,8 @@ def _resize2d(g, call):
     _require(a.layout == "NCHW", call, f"layout {a.layout}")
     mode = str(a.coordinate_transformation_mode)
     _require(mode in _RESIZE_COORDINATES, call, f"coordinate_transformation_mode {mode!r}")
-    _require(_dtype(call.ty) == _dtype(call.args[0].ty), call, f"out_dtype {_dtype(call.ty)}")
-    in_shape, out_shape = _shape(call.args[0].ty), _shape(call.ty)
+    _require(dtype_of(call.ty) == dtype_of(call.args[0].ty), call, f"out_dtype {dtype_of(call.ty)}")
+    in_shape, out_shape = static_shape(call.args[0].ty), static_shape(call.ty)
     attrs = {"coordinate_transformation_mode": mode}
     if a.method == "nearest_neighbor":
         attrs.update(mode="nearest", nearest_mode=_resize_nearest_mode(call, in_shape[2:], out_shape[2:]))
@@ -880,8 +838,8 @@ def _filled(value) -> Converter:
     """zeros, ones, zeros_like, ones_like: a constant of the result's shape and dtype."""
 
     def convert(g: _Graph, call: relax.Call) -> str:
-        fill = numpy_helper.from_array(np.array([value], dtype=_dtype(call.ty)))
-        return g.op("ConstantOfShape", [g.ints(_shape(call.ty))], value=fill)
+        fill = numpy_helper.from_array(np.array([value], dtype=dtype_of(call.ty)))
+        return g.op("ConstantOfShape", [g.ints(static_shape(call.ty))], value=fill)
 
     return convert
 
@@ -893,17 +851,17 @@ CONVERTERS["relax.ones"] = CONVERTERS["relax.ones_like"] = _filled(1)
 @_converts("relax.full", "relax.full_like")
 def _full(g, call):
     """The fill value (a scalar tensor argument) expanded to the result's shape."""
-    fill, dtype = call.args[1], _dtype(call.ty)
+    fill, dtype = call.args[1], dtype_of(call.ty)
     value = g.tensor(fill)
-    if _dtype(fill.ty) != dtype:
+    if dtype_of(fill.ty) != dtype:
         value = g.op("Cast", [value], to=_onnx_type(dtype))
-    return g.op("Expand", [value, g.ints(_shape(call.ty))])
+    return g.op("Expand", [value, g.ints(static_shape(call.ty))])
 
 
 @_converts("relax.arange")
 def _arange(g, call):
-    dtype = _dtype(call.ty)
-    start, limit, delta = (g.scalar(_number(arg), dtype) for arg in call.args)
+    dtype = dtype_of(call.ty)
+    start, limit, delta = (g.scalar(number(arg), dtype) for arg in call.args)
     return g.op("Range", [start, limit, delta])
 
 
@@ -912,7 +870,7 @@ def _arange(g, call):
 
 def _convert_binding(g: _Graph, var: relax.Var, value: relax.Expr) -> None:
     """Emit what computes ``var = value`` and record the ONNX name(s) of ``var``."""
-    _check_type(var.ty)
+    check_type(var.ty, DTYPES)
     if isinstance(value, relax.Call):
         g.names[var] = _convert_call(g, value)
     elif isinstance(value, relax.Tuple):
@@ -934,7 +892,7 @@ def _convert_call(g: _Graph, call: relax.Call) -> Names:
     if converter is None:
         raise Unsupported(f"operator {call.op.name} has no ONNX conversion")
     for arg in call.args:
-        _check_type(arg.ty)
+        check_type(arg.ty, DTYPES)
     return converter(g, call)
 
 
@@ -947,7 +905,7 @@ def _flat_types(ty) -> list[relax.TensorType]:
 
 
 def _value_info(name: str, ty) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, _onnx_type(_dtype(ty)), _shape(ty))
+    return helper.make_tensor_value_info(name, _onnx_type(dtype_of(ty)), static_shape(ty))
 
 
 def to_onnx(func: relax.Function) -> onnx.ModelProto:
@@ -960,7 +918,7 @@ def to_onnx(func: relax.Function) -> onnx.ModelProto:
     for param in func.params:
         if not isinstance(param.ty, relax.TensorType):
             raise Unsupported(f"parameter {param.name} of type {param.ty} is not a tensor")
-        _check_type(param.ty)
+        check_type(param.ty, DTYPES)
         g.names[param] = g.fresh(param.name)
         inputs.append(_value_info(g.names[param], param.ty))
     for block in func.body.blocks:
