@@ -6,7 +6,7 @@ any machine and a missing library shows up as the backend's ``unavailable_reason
 
 import importlib
 
-BUILTIN = ("tvm", "dnnl", "mkl", "onnxruntime", "openvino", "cudnn", "cublas", "tensorrt")
+BUILTIN = ("tvm", "dnnl", "mkl", "onnxruntime", "openvino", "cudnn", "cublas", "inductor", "tensorrt")
 
 
 def builtin_backends() -> list:

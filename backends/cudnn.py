@@ -1,11 +1,13 @@
-"""NVIDIA cuDNN, through PyTorch CUDA: float32 convolution (2-D, 3-D) with its post-ops.
+"""NVIDIA cuDNN, through PyTorch CUDA: float32 convolution (2-D, 3-D) with its post-ops, and
+TF32 (tensor cores) under an accuracy budget.
 
 ``aten::cudnn_convolution.out`` runs cuDNN's convolution straight into the caller's buffer
 (a DLPack view of TVM's CUDA tensor), with TF32 off so results match TVM's float32. The
 bias, residual add and ReLU follow as in-place passes on that buffer: cuDNN's fused
 ``cudnn_convolution_add_relu`` has no ``out=`` of its own and follows PyTorch's global
 TF32 switch, so it would cost a copy and the precision. Constant weights and biases are
-copied to the GPU once, at compile time. Every pass runs on TVM's current stream and none
+copied to the GPU once, at compile time. With ``precision=TF32`` the convolution may use
+tensor cores (``allow_tf32``), as PyTorch's default does. Every pass runs on TVM's current stream and none
 waits on the host (``patterns.torch_stream``), so a CUDA graph may capture the kernel.
 """
 
@@ -13,6 +15,7 @@ from collage.patterns import kernels
 from collage.patterns.kernels import shape_of
 
 from collage.candidates.backend import OP_LEVEL, Backend, installed_version
+from collage.candidates.precision import FLOAT32, TF32
 
 PATTERNS = {p.name: p for p in kernels.conv_patterns("cudnn", dims=(2, 3))}
 
@@ -27,7 +30,7 @@ def probe(target: str) -> str | None:
     return None
 
 
-def compile(func, pattern: str, target: str, threads: int):
+def compile(func, pattern: str, target: str, threads: int, precision: str = FLOAT32):
     import torch
 
     from collage.patterns.torch_stream import on_tvm_stream
@@ -44,12 +47,13 @@ def compile(func, pattern: str, target: str, threads: int):
     bias = kernels.reader(func, match, "bias", lambda t: torch.from_dlpack(t).reshape(channel_shape), on_gpu)
     residual = kernels.reader(func, match, "residual", torch.from_dlpack, on_gpu)
     relu = "relu" in match.captures
+    tf32 = precision == TF32
 
     def kernel(*tensors):
         inputs, out = tensors[:-1], torch.from_dlpack(tensors[-1])
         torch.ops.aten.cudnn_convolution.out(
             data(inputs), weight(inputs), padding, stride, dilation, groups,
-            False, False, False, out=out,  # benchmark, deterministic, allow_tf32
+            False, False, tf32, out=out,  # benchmark, deterministic, allow_tf32
         )  # fmt: skip
         if bias is not None:
             out.add_(bias(inputs))
@@ -71,4 +75,5 @@ BACKEND = Backend(
     probe=probe,
     library=f"cuDNN in PyTorch {installed_version('torch')}",
     graph_safe=True,
+    precisions=lambda target: (TF32,),
 )

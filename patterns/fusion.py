@@ -29,3 +29,8 @@ def anchor_then_elementwise(group: SubGraph, node: Node) -> bool:
         consumes_group = not any(c in group.nodes for c in g.consumers[node.index])
         return kind <= OpKind.BROADCAST and consumes_group
     return True
+
+
+def never_fuse(group: SubGraph, node: Node) -> bool:
+    """No group grows: for a rule whose backend offers its regions only (``max_size`` 0)."""
+    return False

@@ -168,5 +168,5 @@ def test_optimize_on_the_gpu(tmp_path):
     (expected,) = w.reference()
     (actual,) = opt(*[t.numpy() for t in w.inputs])
     assert np.abs(actual - expected).max() <= REL_TOL * np.abs(expected).max()
-    assert {p.backend for p in opt.placement} <= {"cudnn", "cublas", "tvm", "tensorrt"}
+    assert {p.backend for p in opt.placement} <= {"cudnn", "cublas", "tvm", "tensorrt", "inductor"}
     assert opt.measured.is_valid

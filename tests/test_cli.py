@@ -116,7 +116,7 @@ def test_backends_lists_each_backend_with_its_library_and_whether_it_runs_here(w
     header, *rows = done.stdout.strip().splitlines()
     assert header.split() == ["backend", "kind", "targets", "library", "usable", "here"]
     names = [row.split()[0] for row in rows]
-    assert {"tvm", "dnnl", "mkl", "onnxruntime", "openvino", "cudnn", "cublas", "tensorrt"} <= set(names)
+    assert {"tvm", "dnnl", "mkl", "onnxruntime", "openvino", "cudnn", "cublas", "inductor", "tensorrt"} <= set(names)
     tvm = rows[names.index("tvm")]
     assert "op-level" in tvm and "Apache TVM" in tvm and "llvm: yes" in tvm
     assert all(": yes" in row or ": no, " in row for row in rows)

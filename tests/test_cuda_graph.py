@@ -12,7 +12,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from collage.backends import cublas, cudnn, tensorrt
+from collage.backends import cublas, cudnn, inductor, tensorrt
 from collage.backends import tvm as tvm_backend
 from collage.candidates.backend import OP_LEVEL, Backend, cuda_graph_blocker
 from collage.measuring import runner
@@ -83,7 +83,7 @@ def lowered(mod: tvm.IRModule, kernels, monkeypatch) -> tvm.IRModule:
 
 
 def test_the_gpu_libraries_are_graph_safe_and_tensorrt_is_not():
-    assert cuda_graph_blocker([cudnn.BACKEND, cublas.BACKEND, tvm_backend.BACKEND]) is None
+    assert cuda_graph_blocker([cudnn.BACKEND, cublas.BACKEND, inductor.BACKEND, tvm_backend.BACKEND]) is None
     assert cuda_graph_blocker([cudnn.BACKEND, tensorrt.BACKEND]) == (
         "tensorrt does not declare its kernels graph-safe (on TVM's stream, no host wait)")
     plain = Backend(name="mine", kind=OP_LEVEL, targets=("cuda",), compile=None)
@@ -228,3 +228,26 @@ def test_captured_library_kernel_replays_on_tvm_stream():
         assert ran == [False, True]
     finally:
         tvm_ffi.remove_global_func(KERNEL)
+
+
+def test_a_kernel_alone_on_a_gpu_keeps_a_cuda_graph():
+    """A main that is one library kernel is called without the VM (``bound_function``); on a
+    GPU only where the kernel records its own CUDA graph on bound buffers (``Kernel.bound``),
+    else through the VM, which replays TVM's. Needs no GPU: nothing is called."""
+    from collage.assembling.assemble import bound_function
+
+    x = relax.Var("x", TY)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.call_dps_packed(KERNEL, relax.Tuple([x]), out_ty=TY))
+        bb.emit_func_output(out)
+    main = bb.get()["main"]
+    def vm_main(*tensors):
+        pass
+
+    vm = {"main": vm_main}
+    plain = lambda *tensors: None  # noqa: E731
+    assert bound_function(main, {KERNEL: plain}, vm, ["x"], tvm.cuda()).func is vm_main
+    direct = bound_function(main, {KERNEL: plain}, vm, [tvm.runtime.tensor(np.zeros((4, 8), "float32"))], tvm.cpu())
+    assert direct.result is not None  # on the CPU, called directly into buffers made once

@@ -93,7 +93,9 @@ def bound_function(main: relax.Function, kernels: dict, vm: relax.VirtualMachine
     engine's run, is cold on every call (a VM call of a Python no-op took 1.3 us warm, 13.8
     us after 8 MB of other work). Otherwise each call runs ``main`` on the VM."""
     direct = sole_kernel(main, kernels)
-    if direct is None:
+    if direct is None or (device.dlpack_device_type() == tvm.cuda().dlpack_device_type() and not hasattr(direct[0], "bound")):
+        # On a GPU the VM replays its CUDA graphs; a kernel called directly is launched from
+        # Python each time, unless it binds its buffers (its own graph, ``Kernel.bound``).
         return functools.partial(vm["main"], *inputs)
     kernel, out_ty, layout = direct
     out_types = list(out_ty.fields) if isinstance(out_ty, relax.TupleType) else [out_ty]

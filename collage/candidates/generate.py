@@ -82,7 +82,10 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule, capped: dict[str, int] | 
     ``MAX_GROUPS_PER_SEED`` of them; once the graph has grown ``GROUPS_PER_NODE`` per node,
     ``GROUPS_PER_SEED_PAST_BUDGET`` (see there why). A seed stopped with groups left to grow
     counts one in ``capped[rule.name]``, so the report can say where larger fusions went untried.
+    A rule of ``max_size`` 0 grows nothing: its backend's candidates are its regions.
     """
+    if rule.max_size < 1:  # regions only: an engine whose every compile takes seconds
+        return
     valid = [rule.valid_op(graph, node) for node in graph]
     seen: set[frozenset[int]] = set()
     budget, grown = GROUPS_PER_NODE * len(graph), 0

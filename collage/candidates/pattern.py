@@ -83,7 +83,8 @@ class PatternRule:
     ``valid_op(graph, node)``: can the backend run this operator at all?
     ``fusion_rule(group, node)``: may ``group`` (a SubGraph of valid ops) absorb ``node``,
     a valid neighbour (producer or consumer) of it?
-    Groups hold at most ``max_size`` nodes, which bounds the enumeration.
+    Groups hold at most ``max_size`` nodes, which bounds the enumeration; with 0, none are
+    grown and a graph-level backend offers its largest regions only (``generate.regions``).
     """
 
     name: str

@@ -7,7 +7,9 @@ its candidates in them too; the budget then decides, by measurement, which are k
 (``placing.finalists``). bfloat16 is offered only where the CPU computes it natively
 (AVX512_BF16 or AMX): elsewhere a library converts it in software, slower than float32.
 int8 (weights quantized ahead, activations at run time) is offered where the CPU has
-integer dot products libraries use (AVX2; VNNI makes them faster).
+integer dot products libraries use (AVX2; VNNI makes them faster). On a GPU, TF32 is offered
+by the libraries that run float32 on tensor cores (cuDNN, cuBLAS, inductor), bfloat16 by
+inductor.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 FLOAT32 = "float32"
 BFLOAT16 = "bfloat16"
 INT8 = "int8"
+# float32 tensors multiplied on tensor cores with 10-bit mantissas (NVIDIA's TF32), summed in
+# float32: cuDNN's and cuBLAS's float32 kernels where the caller allows it (Ampere and later).
+TF32 = "tfloat32"
 # The CPU flags (as /proc/cpuinfo spells them) under which bfloat16 is native.
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -48,4 +53,4 @@ def reduced(partitions) -> bool:
 
 def short(precision: str) -> str:
     """The short name reports use: f32, bf16, int8."""
-    return {FLOAT32: "f32", BFLOAT16: "bf16"}.get(precision, precision)
+    return {FLOAT32: "f32", BFLOAT16: "bf16", TF32: "tf32"}.get(precision, precision)

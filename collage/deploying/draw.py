@@ -34,6 +34,7 @@ BACKEND_COLOURS = {
     "cudnn": "#fcbba1",
     "cublas": "#fc9272",
     "tensorrt": "#a1d99b",
+    "inductor": "#fee391",
 }
 # For backends registered by users: picked by a hash of the name, so a backend keeps its
 # colour from one picture to the next.

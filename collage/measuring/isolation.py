@@ -21,6 +21,7 @@ another machine it travels without the backend record (``wire``).
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import select
 import signal
@@ -42,10 +43,10 @@ from ..candidates.precision import FLOAT32
 from ..candidates.subgraph import is_tensor_constant
 from .cost import Cost
 from .meters import EnergyMeter
-from .runner import (compile_kernel, device_for, empty_outputs, first_line, mismatch, random_inputs, relative_error,
-                     run_reference, synchronized, to_tensors)
+from .runner import (compile_kernel, device_for, empty_outputs, first_line, is_cuda, mismatch, random_inputs,
+                     relative_error, run_reference, synchronized, to_tensors)
 from .threads import pin_threads
-from .timing import Timing, time_call
+from .timing import Timing, time_call, time_captured
 from .transition import TransitionTask
 
 # Long enough for the largest candidates of the zoo (an engine compiling a 150-op region takes
@@ -192,14 +193,27 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
             return MeasureResult(Cost.invalid(f"wrong result: {problem}"), found)
         # A reduced precision's own error is kept with its cost (float32's is noise).
         error = None if task.precision == FLOAT32 else relative_error(actual, reference)
-        timer = getattr(kernel, "time_ms", None)
-        if timer is not None:  # a kernel that can time itself without Python's overhead
-            cost = timer(inputs, task.timing, task.meter)
-        else:
-            cost = time_call(synchronized(lambda: kernel(*inputs, *outputs), task.target), task.timing, task.meter)
+        cost = _time(kernel, inputs, outputs, task)
         return MeasureResult(cost if error is None or not cost.is_valid else replace(cost, error=error), found)
     except Exception as err:
         return MeasureResult(Cost.invalid(f"run failed: {type(err).__name__}: {first_line(err)}"))
+
+
+def _time(kernel, inputs, outputs, task: MeasureTask) -> Cost:
+    """The kernel timed as it will run: by itself where it can time itself without Python
+    (TVM's VM), inside a CUDA graph where it is a graph-safe library kernel on the GPU (as
+    an assembled module replays it), else as Python calls (on the GPU, each then waited for)."""
+    call = lambda: kernel(*inputs, *outputs)  # noqa: E731
+    timer = getattr(kernel, "time_ms", None)
+    if timer is not None:
+        return timer(inputs, task.timing, task.meter)
+    if is_cuda(task.target) and task.backend.graph_safe:
+        try:
+            return time_captured(call, task.timing, task.meter)
+        except Exception as err:  # noqa: BLE001 -- not capturable here: timed as Python calls instead
+            logging.getLogger(__name__).warning("%s: timed without a CUDA graph, capture failed: %s: %s",
+                                                task.pattern, type(err).__name__, first_line(err))  # fmt: skip
+    return time_call(synchronized(call, task.target), task.timing, task.meter)
 
 
 def measure_batch(tasks: list[MeasureTask]) -> list[MeasureResult]:

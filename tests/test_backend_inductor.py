@@ -1,0 +1,104 @@
+"""The inductor backend: PyTorch's compiler over a sub-graph converted to torch.fx. It offers
+regions only (each compile takes seconds), serves CUDA and is graph-safe there. Its kernel is
+checked against TVM on the CPU here (inductor compiles C++ for the CPU as it compiles Triton
+for the GPU); on a GPU, also its candidates, timed inside CUDA graphs, and whole optimizations."""
+
+import numpy as np
+import pytest
+import tvm
+from collage.backends import cublas, cudnn, inductor
+from collage.backends import tvm as tvm_backend
+
+from collage.candidates.backend import cuda_graph_blocker
+from collage.candidates.generate import PART_SUFFIX, REGION_SUFFIX, generate
+from collage.candidates.precision import BFLOAT16, FLOAT32, TF32
+from collage.measuring import runner
+from collage.model.graph import DataflowGraph
+from experiments import models
+from tests.helpers import failures, zoo_graph
+
+BACKEND = inductor.BACKEND
+
+
+def require_gpu():
+    reason = BACKEND.unavailable_reason("cuda")
+    if reason is not None:
+        pytest.skip(f"inductor: {reason}")
+
+
+def test_it_offers_regions_only_and_the_whole_model_among_them():
+    graph = zoo_graph("mobilenet_v2", simplified=True)
+    candidates = generate(graph, [BACKEND])
+    assert {c.pattern for c in candidates} == {f"inductor{REGION_SUFFIX}", f"inductor{PART_SUFFIX}"}
+    assert any(len(c.subgraph) == len(graph) for c in candidates)
+    assert len(candidates) <= 1 + 2 * 4  # the region and its parts at up to four cuts
+
+
+def test_it_serves_cuda_graph_safe_in_three_precisions():
+    assert BACKEND.targets == ("cuda",) and BACKEND.unavailable_reason("llvm") == "does not serve target 'llvm'"
+    assert cuda_graph_blocker([BACKEND, cudnn.BACKEND, cublas.BACKEND, tvm_backend.BACKEND]) is None
+    assert BACKEND.reduced_precisions("cuda") == (TF32, BFLOAT16)
+    assert cudnn.BACKEND.reduced_precisions("cuda") == cublas.BACKEND.reduced_precisions("cuda") == (TF32,)
+
+
+def run_kernel(func, precision=FLOAT32):
+    arrays = runner.random_inputs(func)
+    kernel = inductor.compile(func, "inductor.region", "llvm", 2, precision=precision)
+    inputs, outputs = runner.to_tensors(arrays, tvm.cpu()), runner.empty_outputs(func, tvm.cpu())
+    kernel(*inputs, *outputs)
+    return [o.numpy() for o in outputs], runner.run_reference(func, arrays)
+
+
+def test_the_kernel_matches_tvm_on_the_cpu():
+    """Compiled by inductor (C++ for the CPU), written into the caller's buffers."""
+    actual, expected = run_kernel(models.load("mlp", small=True).relax["main"])
+    assert runner.mismatch(actual, expected) is None
+
+
+def test_bfloat16_is_computed_in_bfloat16():
+    actual, expected = run_kernel(models.load("mlp", small=True).relax["main"], precision=BFLOAT16)
+    assert actual[0].dtype == np.float32  # the caller's float32 buffers, all the same
+    assert 1e-5 < runner.relative_error(actual, expected) < 5e-2
+
+
+# ------------------------------------------------------------------ on a GPU
+
+
+def test_zoo_regions_match_tvm_on_the_gpu():
+    require_gpu()
+    graph = zoo_graph("resnet50", simplified=True)
+    assert failures(BACKEND, generate(graph, [BACKEND])[:3], "cuda") == {}
+
+
+def test_a_library_kernel_is_timed_inside_a_cuda_graph():
+    """On a GPU: a cuBLAS candidate's cost is its kernel replayed in a CUDA graph, below its
+    time as a Python call waited for."""
+    require_gpu()
+    from collage.measuring.timing import time_call, time_captured
+    from tests.helpers import zoo_candidates
+
+    candidate = next(c for c in zoo_candidates("bert", cublas.BACKEND, simplified=True) if c.pattern == "cublas.dense_bias")
+    func = candidate.subgraph.extract()
+    kernel = cublas.BACKEND.compile(func, candidate.pattern, "cuda", 0)
+    inputs = runner.to_tensors(runner.random_inputs(func), tvm.cuda())
+    outputs = runner.empty_outputs(func, tvm.cuda())
+    plain = time_call(runner.synchronized(lambda: kernel(*inputs, *outputs), "cuda"))
+    captured = time_captured(lambda: kernel(*inputs, *outputs))
+    assert captured.is_valid and captured.median_ms < plain.median_ms
+
+
+def test_optimize_with_inductor_and_an_accuracy_budget_on_the_gpu(tmp_path):
+    """On a GPU: inductor alone is a finalist; with a budget, the kept module's error is
+    within it and the libraries were offered TF32."""
+    require_gpu()
+    import collage
+
+    w = models.load("kws_dscnn")
+    (expected,) = w.reference()
+    for accuracy in (None, 1e-2):
+        opt = collage.optimize(w.relax, target="cuda", backends=["tvm", "cudnn", "cublas", "inductor"],
+                               cost_log=tmp_path / "costs.sqlite", progress=False, accuracy=accuracy)  # fmt: skip
+        (actual,) = opt(*[t.numpy() for t in w.inputs])
+        error = np.abs(actual - expected).max() / np.abs(expected).max()
+        assert error <= (1e-3 if accuracy is None else accuracy)
+        assert any("inductor" in str(name) for name in opt.record.finalists), opt.report()
