@@ -1,6 +1,6 @@
 """Collage on a CUDA GPU: ``optimize(target="cuda")`` end to end, against the GPU's own peers.
 
-    python -m experiments.gpu --model kws_dscnn resnet50 bert [--energy kws_dscnn]
+    python -m experiments.gpu --model kws_dscnn resnet50 bert [--energy kws_dscnn] [--accuracy 1e-2]
                               [--cost-log PATH] [--out experiments/results/gpu.json]
 
 For each model: ``collage.optimize`` with every backend that serves ``cuda`` here (cuDNN and
@@ -14,7 +14,9 @@ synchronization. Each peer is built and checked on its own: one that fails is re
 ``errors`` and the others still run. Everyone computes in float32 with TF32 off
 (``PRECISION``, set before anything is built). ``--energy`` optimizes a model again with
 ``objective="energy"`` on NVML's counter (each candidate metered while timed) and reports it
-beside ``objective="time"``. The GPU's name, driver and library versions go with the results.
+beside ``objective="time"``. ``--accuracy E`` optimizes each model again with ``accuracy=E``
+(TF32 and bf16 offered where the libraries compute them) and races it against torch's peers at
+their own defaults, each with its error (``accuracy_entry``). The GPU's name, driver and library versions go with the results.
 """
 
 from __future__ import annotations
@@ -124,11 +126,10 @@ def outputs_of(result) -> list[np.ndarray]:
     return [a for r in result for a in outputs_of(r)]
 
 
-def run_model(name: str, cost_log: str, energy: bool) -> dict:
+def run_model(name: str, cost_log: str, energy: bool, accuracy: float | None = None) -> dict:
     import tvm
 
     import collage
-    from collage.measuring.timing import Protocol, time_contenders
 
     w = models.load(name)
     reference = w.reference()
@@ -139,38 +140,75 @@ def run_model(name: str, cost_log: str, energy: bool) -> dict:
     entry["report"] = opt.report()
     print(entry["report"], flush=True)
     entry["measured_candidates"] = opt.record.measured
-    entry["chosen"] = str(opt.record.chosen)
-    entry["backend_shares"] = {b: round(s, 4) for b, s in opt.backend_shares().items()}
+    entry.update(_chosen(opt))
     entry["cuda_graph_off"] = opt.record.cuda_graph_off  # None: its static regions run as CUDA graphs
-    entry["finalists_ms"] = {str(n): round(f.measured.median_ms, 4) for n, f in opt.record.finalists.items()}
     tensors = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
-    contenders = {"collage": opt.bind(*tensors)}
-    errors = {}
-    for label, build in peers(w).items():
-        try:
-            contenders[label] = build()
-        except Exception as err:  # a peer that cannot build is reported, the others still run
-            errors[label] = one_line(err)
-            traceback.print_exc()
-    entry["max_rel_err"] = {}
-    for label, call in list(contenders.items()):
-        try:
-            entry["max_rel_err"][label] = max_relative_error(outputs_of(call()), reference)
-        except Exception as err:
-            errors[label] = one_line(err)
-            del contenders[label]
-    costs = time_contenders({k: _synchronized(c) for k, c in contenders.items()}, Protocol(rounds=PROTOCOL_ROUNDS))
-    entry["ms"] = {k: round(c.median_ms, 4) for k, c in costs.items()}
-    entry["spread_ms"] = {k: round(c.spread_ms, 4) for k, c in costs.items()}
-    peers_only = {k: c.median_ms for k, c in costs.items() if k != "collage"}
-    if peers_only and "collage" in costs:
-        best = min(peers_only, key=peers_only.get)
-        entry["best_peer"] = best
-        entry["speedup_over_best_peer"] = round(peers_only[best] / costs["collage"].median_ms, 3)
-    if errors:
-        entry["errors"] = errors
+    entry.update(_race({"collage": lambda: opt.bind(*tensors)} | peers(w), reference))
+    if accuracy is not None:
+        entry["accuracy"] = accuracy_entry(w, reference, opt, accuracy, cost_log)
     if energy:
         entry["energy"] = energy_beside_time(w, cost_log)
+    return entry
+
+
+def _chosen(opt) -> dict:
+    return {
+        "chosen": str(opt.record.chosen),
+        "backend_shares": {b: round(s, 4) for b, s in opt.backend_shares().items()},
+        "finalists_ms": {str(n): round(f.measured.median_ms, 4) for n, f in opt.record.finalists.items()},
+    }
+
+
+def _race(builders: dict, reference) -> dict:
+    """Each contender built (one that fails is reported, the others still run), checked
+    against ``reference`` and timed against the others in one run with the project's
+    protocol; collage's speed-up over the best of the others."""
+    from collage.measuring.timing import Protocol, time_contenders
+
+    contenders, errors, found = {}, {}, {"max_rel_err": {}}
+    for label, build in builders.items():
+        try:
+            contenders[label] = build()
+            found["max_rel_err"][label] = max_relative_error(outputs_of(contenders[label]()), reference)
+        except Exception as err:  # a peer that cannot build or run is reported, the others still run
+            errors[label] = one_line(err)
+            contenders.pop(label, None)
+            traceback.print_exc()
+    costs = time_contenders({k: _synchronized(c) for k, c in contenders.items()}, Protocol(rounds=PROTOCOL_ROUNDS))
+    found["ms"] = {k: round(c.median_ms, 4) for k, c in costs.items()}
+    found["spread_ms"] = {k: round(c.spread_ms, 4) for k, c in costs.items()}
+    peers_only = {k: c.median_ms for k, c in costs.items() if not k.startswith("collage")}
+    if peers_only and "collage" in costs:
+        best = min(peers_only, key=peers_only.get)
+        found["best_peer"] = best
+        found["speedup_over_best_peer"] = round(peers_only[best] / costs["collage"].median_ms, 3)
+    if errors:
+        found["errors"] = errors
+    return found
+
+
+def accuracy_entry(w: models.Workload, reference, float32_opt, accuracy: float, cost_log: str) -> dict:
+    """``optimize(accuracy=E)`` against torch's peers at their own defaults (cuDNN in TF32,
+    as torch ships), in one race with collage's float32 module; each with its error. The
+    speed-up over the best float32 peer is taken through collage's float32 module, timed in
+    both races."""
+    import tvm
+
+    import collage
+
+    started = time.perf_counter()
+    opt = collage.optimize(w.relax, target="cuda", cost_log=cost_log, accuracy=accuracy)
+    entry: dict = {"budget": accuracy, "optimize_s": round(time.perf_counter() - started, 1), **_chosen(opt)}
+    print(opt.report(), flush=True)
+    tensors = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False  # torch's defaults
+    try:
+        torch._dynamo.reset()
+        builders = {"collage": lambda: opt.bind(*tensors), "collage float32": lambda: float32_opt.bind(*tensors)}
+        builders |= {f"{label} (default)": build for label, build in peers(w).items() if label.startswith("torch")}
+        entry.update(_race(builders, reference))
+    finally:
+        float32_everywhere()
     return entry
 
 
@@ -202,6 +240,8 @@ def main(argv=None) -> None:
     parser.add_argument("--energy", nargs="*", default=[], help="models to optimize for energy too")
     parser.add_argument("--cost-log", default=str(Path.home() / ".cache" / "collage" / "gpu-costs.sqlite"))
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--accuracy", type=float, metavar="E",
+                        help="also optimize(accuracy=E), raced against torch's peers at their defaults")
     args = parser.parse_args(argv)
     float32_everywhere()  # before any contender is built
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -210,7 +250,7 @@ def main(argv=None) -> None:
     for name in args.model:
         print(f"== {name}", flush=True)
         try:
-            results[name] = run_model(name, args.cost_log, name in args.energy)
+            results[name] = run_model(name, args.cost_log, name in args.energy, args.accuracy)
         except Exception as err:
             traceback.print_exc()
             results[name] = {"error": one_line(err)}
