@@ -27,8 +27,8 @@ import tvm_ffi
 
 from .assembling.checked import as_tvm_runs_it, assemble_and_check
 from .candidates.backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet
-from .candidates.generate import PART_SUFFIX, REGION_SUFFIX, generate, in_precisions
-from .candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable, reduced, short
+from .candidates.generate import generate, in_precisions
+from .candidates.precision import FLOAT32, reduced
 from .config import Config
 from .deploying.optimized import OptimizedModule
 from .deploying.report import dominant_tvm_ops
@@ -36,14 +36,13 @@ from .deploying.saved import (LoggedCosts, PlacementFileError, PlacementWarning,
                               model_hash, partitions_of, placement_backends, read_placement, replay_substitutions,
                               runs_file)
 from .errors import OptimizeError
-from .measuring.cost import Cost, Device, cpu_info
+from .measuring.cost import Cost, Device
 from .measuring.cost_log import CostLog
 from .measuring.isolation import MeasureRunner
 from .measuring.measure import Measurer
 from .measuring.meters import EnergyMeter, NoEnergyMeter, energy_meter
 from .measuring.rpc_runner import GRACE_S, FleetError
-from .measuring.runner import (device_for, is_cuda, kernel_backends, module_cuda_graph_blocker, numpy_outputs,
-                               relative_error, to_tensors)
+from .measuring.runner import is_cuda, kernel_backends, module_cuda_graph_blocker
 from .measuring.threads import pin_threads
 from .measuring.timing import Timing
 from .model.frontend import ModelImportError, import_model
@@ -51,6 +50,7 @@ from .model.prepare import Model, Unplaceable, dataflow_graph, onnx_proto, prepa
 from .placing.end_to_end import EndToEnd
 from .placing.engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
 from .placing import confirm, elsewhere
+from .choosing import policy
 from .placing.finalists import Finalist, Timed, choose, time_finalists
 from .placing.objective import Objective
 from .placing.placement import Partition, Placement, PlacementError, place
@@ -195,7 +195,7 @@ def optimize_with(
     race = functools.partial(_race, model=model, config=config, meter=meter, record=record)
     t = time.perf_counter()
     candidates = generate(graph, usable, record.capped)
-    offered = _reduced_precisions(usable, config, record)
+    offered = policy.reduced_precisions(usable, config, record)
     candidates = in_precisions(candidates, offered)
     record.candidates = len(candidates)
     seconds.generate = time.perf_counter() - t
@@ -218,7 +218,7 @@ def optimize_with(
     t = time.perf_counter()
     stage("placing")
     try:
-        placements, alone = _placements(graph, candidates, measurer, usable, config.graph_level, offered, record.left_out)
+        placements, alone = policy.placements(graph, candidates, measurer, usable, config.graph_level, offered, record.left_out)
     except PlacementError as err:  # an operator no backend (not even TVM) could run
         raise OptimizeError(_why_unplaced(err, graph, candidates, measurer)) from None
     seconds.place = time.perf_counter() - t
@@ -251,12 +251,12 @@ def optimize_with(
         )
     if model.onnx_model is not None:
         stage("running the ONNX file on each engine")
-        finalists.update(_engines_on_file(original, graph, usable, model.onnx_model, expected, arrays, config, offered,
+        finalists.update(policy.engines_on_file(original, graph, usable, model.onnx_model, expected, arrays, config, offered,
                                           record.left_out))  # fmt: skip
     errors = {}
     if config.accuracy is not None:
-        repair = functools.partial(repaired, graph=graph, costs=measurer, backends=backend_set, config=config)
-        errors = _within_budget(finalists, model, config, record, repair)
+        repair = functools.partial(policy.repaired, graph=graph, costs=measurer, backends=backend_set, config=config)
+        errors = policy.within_budget(finalists, model, config, record, repair)
     seconds.assemble = time.perf_counter() - t
 
     if config.graph_level:
@@ -264,7 +264,7 @@ def optimize_with(
         if engines:
             end_to_end = EndToEnd(graph, BackendSet(usable), target, arrays, expected, log,
                                   f"{tvm_ffi.structural_hash(prepared):x} {target}", threads)
-            engine = _best_engine(engines, alone, finalists, race)
+            engine = policy.best_engine(engines, alone, finalists, race)
             start = KERNELS_ONLY if KERNELS_ONLY in finalists else OP_LEVEL
             refinement = refine(finalists[start].partitions, engine, end_to_end, budget_s=config.budget_s,
                                 patience=config.patience, seed=seed, progress=config.progress)
@@ -520,177 +520,6 @@ def _why_unplaced(err: PlacementError, graph, candidates, costs) -> str:
     return f"{err}. {graph[node].op} (node {node}) refused by {why}. {advice}"
 
 
-def _placements(graph, candidates, costs, usable, graph_level: bool, offered: dict[str, tuple[str, ...]],
-                notes: dict) -> tuple[dict[FinalistName, Placement], dict[str, FinalistName]]:
-    """The placements to assemble: the op-level DP's over float32 candidates, and for each
-    inference engine the whole model ("<engine> alone") when every op converts, else its
-    largest regions with TVM for the rest ("<engine> regions"). Where backends ``offered``
-    reduced precisions, also the DP's over every candidate, and each engine alone or its
-    regions in each precision it offers. With ``graph_level``, also the DP's placement over
-    kernel-sized float32 candidates only (no regions), where the graph-level search starts.
-    Equal placements are kept once; the second result names, for each engine, the float32
-    placement that is its own regions. Why an engine cannot run the whole model goes to
-    ``notes``."""
-    placements: dict[FinalistName, Placement] = {}
-    every_precision, candidates = candidates, [c for c in candidates if c.precision == FLOAT32]
-
-    def add(name: FinalistName, placement: Placement) -> FinalistName:
-        same = next((other for other, p in placements.items() if _parts(p) == _parts(placement)), None)
-        if same is None:
-            placements[name] = placement
-        return same or name
-
-    add(OP_LEVEL, place(graph, candidates, costs, costs.transition_ms))
-    if offered:
-        add(OP_LEVEL_REDUCED, place(graph, every_precision, costs, costs.transition_ms))
-    if graph_level:
-        kernels = [c for c in candidates if not c.pattern.endswith((REGION_SUFFIX, PART_SUFFIX))]
-        add(KERNELS_ONLY, place(graph, kernels, costs, costs.transition_ms))
-    tvm_only = [c for c in candidates if c.backend == REFERENCE_BACKEND]
-    alone = {}
-    for backend in usable:
-        if backend.kind != GRAPH_LEVEL:
-            continue
-        for precision in (FLOAT32, *offered.get(backend.name, ())):
-            name = _engine_placement(graph, backend, precision, every_precision, tvm_only, costs, notes, placements, add)
-            if name is not None and precision == FLOAT32:
-                alone[backend.name] = name
-    return placements, alone
-
-
-def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, notes, placements, add) -> FinalistName | None:
-    """``backend`` alone on the whole model in ``precision``, else its largest regions in it
-    with TVM for the rest, added to ``placements``; its name, or None when it has no region."""
-    at = "" if precision == FLOAT32 else f" in {short(precision)}"
-    # Regions measured (not skipped: each then would cost more than a whole-model candidate).
-    regions = [c for c in candidates if c.backend == backend.name and c.pattern == f"{backend.name}{REGION_SUFFIX}"
-               and c.precision == precision and (len(c.subgraph) == len(graph) or costs.cost(c).is_valid)]  # fmt: skip
-    if not regions:
-        return None
-    whole = next((c for c in regions if len(c.subgraph) == len(graph)), None)
-    if whole is not None and costs.cost(whole).is_invalid:
-        notes[backend.name + at] = f"{backend.name}{at} cannot run the whole model: {costs.cost(whole).reason}"
-        whole = None
-    if whole is not None:
-        # Every engine alone is a finalist, even where the op-level answer is the same
-        # placement: the report then shows each engine's own time.
-        name = FinalistName(FinalistKind.ENGINE_ALONE, backend.name, precision=precision)
-        placements[name] = Placement(graph, (Partition(whole, costs.cost(whole), costs.transition_ms(backend.name)),))
-        return name
-    name = FinalistName(FinalistKind.ENGINE_REGIONS, backend.name, precision=precision)
-    return add(name, place(graph, regions + tvm_only, costs, costs.transition_ms))
-
-
-def _reduced_precisions(usable, config: Config, record: RunRecord) -> dict[str, tuple[str, ...]]:
-    """Backend name -> the reduced precisions it offers on the device optimized for (here, or
-    the fleet's), with an accuracy budget; none without one. Where the budget can change
-    nothing, ``record.precision_note`` says why."""
-    record.accuracy = config.accuracy
-    if config.accuracy is None:
-        return {}
-    if record.optimized_for is None:
-        offered = {b.name: b.reduced_precisions(config.target) for b in usable}
-        isa = cpu_info()["isa"]
-    else:  # what the fleet's CPU computes natively, which this machine's may not
-        fleet = config.runner.fleet
-        offered = {b.name: tuple(fleet.precisions.get(b.name, ())) for b in usable}
-        isa = fleet.isa
-    offered = {name: precisions for name, precisions in offered.items() if precisions}
-    why = bf16_unavailable(isa) if config.target == "llvm" else None
-    if not offered:
-        record.precision_note = ("no backend here computes in a reduced precision"
-                                 + (f": {why}" if why else "") + "; every placement is float32")  # fmt: skip
-    elif why and not any(BFLOAT16 in precisions for precisions in offered.values()):
-        offers = ", ".join(f"{name} in {'/'.join(short(p) for p in precisions)}" for name, precisions in offered.items())
-        record.precision_note = f"no bfloat16: {why}; offered: {offers}"
-    return offered
-
-
-def _within_budget(finalists: dict, model: Model, config: Config, record: RunRecord, repair) -> dict:
-    """Each finalist's error (``runner.relative_error``, the largest over ``model.budget_draws``:
-    the seeded inputs and a second, independent draw, or the user's calibration sets); finalists with reduced-precision partitions whose error
-    exceeds ``config.accuracy`` are left out, with it, except that the op-level one is first
-    ``repair``ed (``repaired``). Errors compound along a model, so the whole module is what is
-    held to the budget, not each kernel."""
-    draws = model.budget_draws
-    errors = {}
-    for name, f in list(finalists.items()):
-        errors[name] = _error(f, draws, config.target)
-        if reduced(f.partitions) and not errors[name] <= config.accuracy:
-            record.left_out[str(name)] = (f"{name}: error {errors[name]:.3g} of the largest output exceeds the "
-                                          f"accuracy budget {config.accuracy:g} ({len(draws)} input sets)")  # fmt: skip
-            del finalists[name]
-            fixed = repair(f, draws) if name == OP_LEVEL_REDUCED else None
-            if fixed is not None:
-                finalists[name], errors[name], back = fixed
-                record.left_out[str(name)] += f"; {back} of its partitions back in float32 bring it to {errors[name]:.3g}"
-    if not any(reduced(f.partitions) for f in finalists.values()):
-        kept = "no placement in a reduced precision stayed within the budget: float32 kept"
-        record.precision_note = kept if record.precision_note is None else f"{record.precision_note}; {kept}"
-    return errors
-
-
-def _error(finalist: Finalist, draws, target: str) -> float:
-    device = device_for(target)
-    return max(relative_error(numpy_outputs(finalist.vm["main"](*to_tensors(arrays, device))), expected)
-               for arrays, expected in draws)  # fmt: skip
-
-
-def repaired(finalist: Finalist, draws, graph, costs, backends, config: Config):
-    """A mixed-precision placement over the budget brought within it: its reduced partitions
-    computed in float32 again one at a time, earliest first (an early error compounds through
-    every op after it), while one is left; ``(finalist, error, how many went back)`` or None."""
-    partitions = list(finalist.partitions)
-    for k, back in enumerate(p for p in range(len(partitions)) if partitions[p].candidate.precision != FLOAT32):
-        f32 = dataclasses.replace(partitions[back].candidate, precision=FLOAT32)
-        partitions[back] = Partition(f32, costs.cost(f32), costs.transition_ms(f32.backend))
-        if not reduced(partitions):
-            return None
-        try:
-            candidate = assemble_and_check(graph, Placement(graph, tuple(partitions)), draws[0][1], draws[0][0], backends,
-                                           config.target, config.threads, config.accuracy)  # fmt: skip
-        except OptimizeError:  # still wrong after the check's fallbacks: go on
-            continue
-        error = _error(candidate, draws, config.target)
-        if reduced(candidate.partitions) and error <= config.accuracy:
-            return candidate, error, k + 1
-    return None
-
-
-def _engines_on_file(original, graph, usable, model, expected, arrays, config: Config, offered: dict,
-                     notes: dict) -> dict[FinalistName, Finalist]:
-    """Each inference engine that reads ONNX running the user's file whole, checked against
-    the unoptimized module, in float32 and in each reduced precision it ``offered`` (OpenVINO
-    in bfloat16: its own default on CPUs that compute it natively, as its users run it); one
-    that cannot, or computes otherwise, is left out with why (in ``notes``)."""
-    finalists = {}
-    for backend in usable:
-        if backend.kind != GRAPH_LEVEL or backend.compile_onnx is None:
-            continue
-        for precision in (FLOAT32, *offered.get(backend.name, ())):
-            at = "" if precision == FLOAT32 else f" in {short(precision)}"
-            try:
-                finalist = checked_on_file(original, graph, backend, model, (arrays, expected), config.target,
-                                           config.threads, precision, config.accuracy)  # fmt: skip
-            except EngineAloneFailed as err:
-                notes[f"{backend.name} file{at}"] = str(err)
-                continue
-            finalists[FinalistName(FinalistKind.ENGINE_ON_FILE, backend.name, precision=precision)] = finalist
-    return finalists
-
-
-def _best_engine(engines, alone: dict[str, FinalistName], finalists: dict[FinalistName, Finalist], race):
-    """The inference engine to refine with: the one whose own-regions placement runs the model
-    fastest (timed against each other by ``race``), else the first."""
-    timed = {e.name: alone[e.name] for e in engines if alone.get(e.name) in finalists}
-    if len(set(timed.values())) < 2:
-        return next((e for e in engines if e.name in timed), engines[0])
-    contenders = {name: finalists[name] for name in timed.values()}
-    times = race(contenders)
-    fastest = min(times.costs, key=lambda name: times.costs[name].median_ms)
-    return next(e for e in engines if timed.get(e.name) == fastest)
-
-
 def _priced(partitions, measurer) -> tuple[Partition, ...]:
     """``partitions`` with the measured cost of each one not measured yet (the engine
     partitions the search formed; most single TVM ops are in the log already)."""
@@ -699,6 +528,3 @@ def _priced(partitions, measurer) -> tuple[Partition, ...]:
         for p in partitions
     )
 
-
-def _parts(placement: Placement) -> set:
-    return {(p.backend, p.nodes, p.candidate.precision) for p in placement}

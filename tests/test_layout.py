@@ -66,3 +66,13 @@ def test_no_import_cycles_and_no_private_names_imported():
                     private.append(f"{name} imports {module}.{imported}")
     graph = nx.DiGraph([(a, b) for a, targets in edges.items() for b in targets])
     assert list(nx.simple_cycles(graph)) == [] and private == []
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists the packages a wheel gets: a new stage package missing there would
+    import from a checkout and be absent once installed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "collage").rglob("__init__.py")}
+    assert found - listed == set()

@@ -143,7 +143,7 @@ class _Flat:
 
 
 def test_a_mixed_placement_over_the_budget_is_repaired_earliest_partition_first():
-    from collage.api import repaired
+    from collage.choosing.policy import repaired
 
     graph = DataflowGraph.from_module(Unary)
     backends = BackendSet([default_backends()["tvm"], FINE])
@@ -194,9 +194,9 @@ def test_calibration_sets_replace_the_second_draw_and_bad_ones_are_named(tmp_pat
 
 
 def test_where_the_cpu_has_no_bfloat16_the_report_says_so_and_what_is_offered(tmp_path, monkeypatch):
-    import collage.api
+    import collage.choosing.policy
 
-    monkeypatch.setattr(collage.api, "cpu_info", lambda: {"isa": ["avx2", "fma"]})  # a Zen 3's
+    monkeypatch.setattr(collage.choosing.policy, "cpu_info", lambda: {"isa": ["avx2", "fma"]})  # a Zen 3's
     opt = collage.optimize(Unary, backends=["tvm", "onnxruntime"], cost_log=tmp_path / "c.sqlite", timing=FAST,
                            progress=False, accuracy=1e-2)  # fmt: skip
     offered = "onnxruntime in int8" if default_backends()["onnxruntime"].reduced_precisions("llvm") else None

@@ -1,0 +1,1 @@
+"""Choosing among finalists: which complete placements are timed, and which stay (``policy``)."""
