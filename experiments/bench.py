@@ -38,7 +38,7 @@ import numpy as np
 
 from experiments import models
 from experiments.corpus import CORPUS
-from experiments.peers import ENTRY_POINTS, PEERS, PrepareFn, Runner, pin_threads, prepare_collage, second_draw, torch_outputs_on
+from experiments.peers import ENTRY_POINTS, OURS, PEERS, PrepareFn, Runner, pin_threads, prepare_collage, second_draw, torch_outputs_on
 from experiments.plot import format_ms, peer_names, plot_latency
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -311,7 +311,7 @@ def _median_speedups(results: dict[str, dict], ours: str) -> dict[str, tuple[flo
             for peer, r in entry["peers"].items()
             if r["error"] is None and r["max_rel_err"] <= _allowed(entry)
         }
-        others = {peer: ms for peer, ms in correct.items() if peer not in ENTRY_POINTS}
+        others = {peer: ms for peer, ms in correct.items() if peer not in OURS}
         if ours in correct and others:
             best = min(others, key=others.get)
             out[name] = (others[best] / correct[ours], best)
@@ -356,7 +356,7 @@ def format_table(results: dict[str, dict]) -> str:
         if busy is not None and busy > BUSY_MACHINE_CORES:
             notes.append(f"  {name}: other processes kept {busy:.1f} cores busy during its timing")
 
-    for ours in [c for c in columns if c in ENTRY_POINTS]:  # each entry point's speed-up over the best peer
+    for ours in [c for c in columns if c in OURS]:  # each of collage's columns over the best peer
         ratios = speedups(results, ours)
         if not ratios:
             continue
@@ -415,7 +415,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"models to run, 'all' (the zoo) or 'corpus' (experiments.corpus): {', '.join([*models.MODELS, *CORPUS])}",
     )  # fmt: skip
     parser.add_argument(
-        "--peers", nargs="+", default=[p for p in PEERS if p != "openvino-default"], choices=list(PEERS), metavar="PEER",
+        "--peers", nargs="+", default=[p for p in PEERS if p not in ("openvino-default", "collage (substitutions)")],
+        choices=list(PEERS), metavar="PEER",
         help=f"peers to time (default: all): {', '.join(PEERS)}",
     )  # fmt: skip
     parser.add_argument(

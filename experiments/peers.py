@@ -183,14 +183,18 @@ def prepare_openvino_default(w: Workload, threads: int) -> Runner:
     return prepare_openvino(w, threads, precision=None)
 
 
-def prepare_collage(w: Workload, threads: int, accuracy: float | None = None, entry: str = "relax") -> Runner:
+def prepare_collage(w: Workload, threads: int, accuracy: float | None = None, entry: str = "relax",
+                    substitutions: bool = False) -> Runner:
     """Collage itself through one of its entry points (``ENTRY_POINTS``): ``collage.optimize``
     on the Relax module alone, with no file (the design's own use); on the torch module with
     its example inputs (collage exports it, and that file's engines are finalists); or on the
     ONNX file. Every usable backend. Costs come from the cost log (``$COLLAGE_COST_LOG``, else
     ``~/.cache/collage``), so only the first run of a model measures its candidates. Prints
     the placement report. Timed through the call its users make, ``opt(x)`` with numpy
-    arrays; ``info`` has ``bind_ms``, a quick timing of ``OptimizedModule.bind`` beside it."""
+    arrays; ``info`` has ``bind_ms``, a quick timing of ``OptimizedModule.bind`` beside it.
+    ``substitutions`` searches graph rewrites jointly with the placement, whose start (the
+    placement without them) is one of its candidates: "collage (substitutions)" beside
+    "collage" shows the search never returns something slower."""
     import tvm
 
     import collage
@@ -200,7 +204,8 @@ def prepare_collage(w: Workload, threads: int, accuracy: float | None = None, en
     calibration = None if accuracy is None else [[t.numpy() for t in w.inputs], second_draw(w)]
     model, extra = {"relax": (w.relax, {}), "torch": (w.torch, {"example_inputs": tuple(w.inputs)}),
                     "onnx": (w.onnx, {})}[entry]  # fmt: skip
-    opt = collage.optimize(model, threads=threads, accuracy=accuracy, calibration=calibration, **extra)
+    opt = collage.optimize(model, threads=threads, accuracy=accuracy, calibration=calibration,
+                           substitutions=substitutions, **extra)  # fmt: skip
     print(opt.report(), flush=True)
     arrays = [t.numpy() for t in w.inputs]
     quick = time_contenders({"bind": opt.bind(*[tvm.runtime.tensor(a) for a in arrays])}, Protocol(rounds=3))["bind"]
@@ -241,4 +246,7 @@ PEERS: dict[str, PrepareFn] = {
     "openvino-default": prepare_openvino_default,
     "tvm": prepare_tvm,
     **{name: functools.partial(prepare_collage, entry=entry) for name, entry in ENTRY_POINTS.items()},
+    "collage (substitutions)": functools.partial(prepare_collage, entry="relax", substitutions=True),
 }
+# Collage's own columns: each is compared with the peers, never counted as one.
+OURS = (*ENTRY_POINTS, "collage (substitutions)")

@@ -48,6 +48,10 @@ def test_speedup_is_over_the_best_correct_peer():
     }
     assert bench.speedups(results) == {"a": (2.0, "onnxruntime"), "b": (4.0, "openvino")}
     assert bench.geomean(r for r, _ in bench.speedups(results).values()) == pytest.approx(8 ** 0.5)
+    # Collage's other columns (its entry points, the substitution search) are never the peer to beat.
+    results["a"]["peers"] |= {"collage (torch)": rec(0.5), "collage (substitutions)": rec(0.9)}
+    assert bench.speedups(results)["a"] == (2.0, "onnxruntime")
+    assert bench.speedups(results, "collage (substitutions)")["a"] == pytest.approx((2.0 / 0.9, "onnxruntime"))
 
 
 def raises_after_preparing(prepare_fn):
