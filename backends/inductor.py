@@ -23,6 +23,7 @@ from collage.candidates.backend import GRAPH_LEVEL, Backend, installed_version
 from collage.candidates.fx_convert import convertible, to_fx
 from collage.candidates.pattern import PatternRule
 from collage.candidates.precision import BFLOAT16, FLOAT32, TF32
+from collage.candidates.static import dtype_of, static_shape
 
 
 def probe(target: str) -> str | None:
@@ -56,8 +57,7 @@ def compile(func, pattern: str, target: str, threads: int, precision: str = FLOA
     device = "cuda" if target == "cuda" else "cpu"
     compiled = torch.compile(to_fx(func, device), fullgraph=True, dynamic=False)
     count = len(func.params)
-    examples = [torch.zeros([int(d) for d in p.ty.shape], dtype=getattr(torch, str(p.ty.dtype)), device=device)
-                for p in func.params]  # fmt: skip
+    examples = [torch.zeros(static_shape(p.ty), dtype=getattr(torch, dtype_of(p.ty)), device=device) for p in func.params]
     with _settings(precision, device):
         compiled(*examples)  # compiled now, never inside a capture
 
