@@ -971,6 +971,17 @@ class _Written:
         self.initializers.append(numpy_helper.from_array(numpy_helper.to_array(bias).reshape(length), name))
         return name
 
+    def transposed(self, weight: onnx.TensorProto) -> str:
+        """A new initializer holding 2-D ``weight`` transposed, [out, in] as a Linear layer
+        keeps it and exporters write it for ``Gemm(transB=1)``: OpenVINO's fully connected
+        layer reads weights that way, and ran a Transpose of each [in, out] weight as a layer
+        of its runtime model (the corpus MLP: three of them)."""
+        name = self.fresh("weight")
+        self.initializers.append(numpy_helper.from_array(numpy_helper.to_array(weight).T.copy(), name))
+        if self.readers[weight.name] == 1:  # read by the product being replaced only
+            self.initializers.remove(weight)
+        return name
+
     @staticmethod
     def other(n, name: str) -> str:
         """The input of two-input ``n`` that is not ``name``."""
@@ -1084,7 +1095,7 @@ def _gemm_with_bias(w: _Written, name: str, bias, add):
     if len(weight.dims) != 2 or weight.data_type != onnx.TensorProto.FLOAT or list(bias.dims) not in ([weight.dims[1]], [1, weight.dims[1]]):
         return None
     name = w.bias_initializer(bias, weight.dims[1])
-    return helper.make_node("Gemm", [*matmul.input, name], list(add.output)), matmul
+    return helper.make_node("Gemm", [matmul.input[0], w.transposed(weight), name], list(add.output), transB=1), matmul
 
 
 def _attributes(node) -> dict:
