@@ -84,9 +84,8 @@ def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool 
     # Its users' own call, numpy arrays in, new arrays out, one C++ call: what a user's opt(x)
     # runs where the whole model is this kernel. After a run has emptied the caches, Python
     # copying the arrays into bound buffers and out again cost 2-7% more (RegNet, 2 threads).
-    input_names = [name for is_input, name, _ in slots if is_input]
-    output_names = [name for is_input, name, _ in slots if not is_input]
-    kernel.plain = lambda arrays: session.run(output_names, dict(zip(input_names, arrays)))
+    kernel.plain = _plain_run(session, [name for is_input, name, _ in slots if is_input],
+                              [name for is_input, name, _ in slots if not is_input])  # fmt: skip
 
     kernel.session = session  # its settings are what tests and reports read
     kernel.bindings = bindings
@@ -116,6 +115,20 @@ def _quiet_root_logger():
         yield
     finally:
         logging.disable(previous)
+
+
+def _plain_run(session, input_names: list[str], output_names: list[str]):
+    """``InferenceSession.run`` on arrays already checked (every input, C-contiguous, its
+    dtype and shape; ``assembling.caller``), without what ``run`` checks again in Python:
+    that no input is missing, that no input is another session's OrtValue, no graph capture.
+    Those checks cost 1.3-1.5 us a call, as much as collage's own checks of the same inputs:
+    a 21 us MLP ran 7% faster, a 57 us keyword spotter 2% (2-core Xeon, family 6 model 167).
+    Its C++ run (``_sess``) is what ``run`` calls after them; where a version lacks it,
+    ``run`` itself."""
+    compiled = getattr(session, "_sess", None)
+    if compiled is None or not callable(getattr(compiled, "run", None)):
+        return lambda arrays: session.run(output_names, dict(zip(input_names, arrays)))
+    return lambda arrays: compiled.run(output_names, dict(zip(input_names, arrays)), None)
 
 
 def _bind(session, slots, tensors):

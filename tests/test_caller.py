@@ -158,3 +158,24 @@ def test_onnx_runtime_alone_is_handed_the_users_arrays_through_its_own_call(mlp)
     got, expected = ort.numpy(strided[:, ::2]), reference(w, x)
     assert isinstance(got, tuple) and len(got) == 1 and got[0] is not ort.numpy(x)[0]
     assert np.abs(got[0] - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+def test_onnx_runtimes_plain_call_is_its_run_on_arrays_already_checked(mlp):
+    """``Kernel.plain`` skips only what ``InferenceSession.run`` checks again in Python (every
+    input given, none another session's value): the same outputs as ``run``; and an ONNX
+    Runtime without the compiled session it calls falls back to ``run``."""
+    import types
+
+    from collage.backends import onnxruntime as engine
+    from collage.candidates.onnx_convert import to_onnx
+
+    w, graph, _ = mlp
+    model = to_onnx(SubGraph(graph, frozenset(range(len(graph)))).extract())
+    kernel = engine.compile_onnx(model, "llvm", 2, alone=True)
+    x = draws(w, 1)[0]
+    (name,) = [i.name for i in kernel.session.get_inputs()]
+    np.testing.assert_array_equal(kernel.plain([x])[0], kernel.session.run(None, {name: x})[0])
+    ran = []
+    older = types.SimpleNamespace(run=lambda outputs, feeds: ran.append((outputs, feeds)))  # no ``_sess``
+    engine._plain_run(older, [name], ["out"])([x])
+    assert ran == [(["out"], {name: x})]

@@ -12,7 +12,7 @@ one memcpy, as OpenVINO's own ``infer`` of numpy arrays makes; the old path copi
 a new allocation.
 
 Where the whole model is one engine's kernel with a plain call of its own on numpy arrays
-(ONNX Runtime's ``InferenceSession.run``: ``Kernel.plain``), ``opt(x)`` is that call: after a
+(ONNX Runtime's ``InferenceSession.run``, less the checks already made here: ``Kernel.plain``), ``opt(x)`` is that call: after a
 run has emptied the caches, the Python of copying in and out cost RegNet 2-7% beside it
 (2 threads), and the engine's own call costs what a user of the engine pays.
 
