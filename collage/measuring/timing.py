@@ -166,9 +166,10 @@ class Protocol:
     ``min_block_calls`` .. ``max_block_calls``): the steady state of a serving loop, as
     ``benchmark_app`` and ``onnxruntime_perf_test`` measure it. Each call is timed alone and
     the block's median is its sample. Before each block the machine is left idle for
-    ``settle_s``: libraries leave worker threads spinning after a call (ONNX Runtime's for
-    10-40 ms here), and on a 2-core machine a spinning neighbour halves the next library's
-    speed (OpenVINO's DCGAN ran 1.43 ms right after ONNX Runtime's, 0.68 ms alone). Each of
+    ``settle_s``, and then until the process's threads are idle (``settle``): libraries
+    leave worker threads spinning after a call (ONNX Runtime's for 10-40 ms here), and on a
+    2-core machine a spinning neighbour halves the next library's speed (OpenVINO's DCGAN ran
+    1.43 ms right after ONNX Runtime's, 0.68 ms alone). Each of
     ``rounds`` rounds takes every contender's block once, in a fresh random order (``seed``),
     so drift in the machine hits all alike and none always follows the same neighbour. With
     ``budget_s``, a contender leaves the rounds after ``min_rounds`` once its blocks have used
@@ -224,7 +225,7 @@ def _rounds(calls, protocol: Protocol, meter: EnergyMeter | None) -> _Blocks:
         active = [n for n in calls if len(blocks.ms[n]) < protocol.min_rounds or spent[n] < share_s]
         for name in order.sample(active, len(active)):
             if settle_s:
-                time.sleep(settle_s)
+                settle(settle_s)
             began = time.perf_counter()
             before = meter.read() if meter is not None else None
             blocks.ms[name].append(statistics.median(timed_block(calls[name], block[name])))
@@ -232,6 +233,32 @@ def _rounds(calls, protocol: Protocol, meter: EnergyMeter | None) -> _Blocks:
                 blocks.energy_mj[name].append(meter.joules(before, meter.read()) * 1e3 / block[name])
             spent[name] += time.perf_counter() - began
     return blocks
+
+
+# While settling, the process's CPU time is read over probes this long: what its other threads
+# (a library's pool still spinning after its run) burn while the timing thread sleeps.
+SETTLE_PROBE_S = 0.005
+IDLE_SHARE = 0.1  # of one core, over a probe: a spinning thread burns about a whole one
+# Idle probes in a row: a spinning thread was seen to burn nothing over one probe in ten (a
+# hypervisor's steal, a lock handed over), never over three.
+IDLE_PROBES = 3
+SETTLE_MAX_S = 1.0
+
+
+def settle(min_s: float, max_s: float = SETTLE_MAX_S) -> float:
+    """Sleep ``min_s``, then on until the process's other threads are idle, for at most
+    ``max_s`` in all; the seconds slept. Idle is measured, not assumed from a pause: over
+    ``IDLE_PROBES`` probes of ``SETTLE_PROBE_S`` in a row the process's CPU time
+    (``time.process_time``, every thread's) grew by less than ``IDLE_SHARE`` of each. A
+    pause of fixed length ends beside any pool that spins longer than it."""
+    start = time.perf_counter()
+    time.sleep(min_s)
+    idle = 0
+    while idle < IDLE_PROBES and time.perf_counter() - start < max_s:
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(SETTLE_PROBE_S)
+        idle = idle + 1 if time.process_time() - cpu < IDLE_SHARE * (time.perf_counter() - wall) else 0
+    return time.perf_counter() - start
 
 
 def paired_ratio(numerator: list[float], denominator: list[float]) -> tuple[float, float]:

@@ -28,7 +28,7 @@ from ..candidates.backend import default_backends
 from ..measuring.cost import Cost
 from ..measuring.isolation import WorkerProcess
 from ..measuring.runner import device_for, first_line, to_tensors
-from ..measuring.timing import Protocol, block_calls, timed_block
+from ..measuring.timing import Protocol, block_calls, settle, timed_block
 from ..measuring.wire import unpack
 from . import elsewhere
 from .finalists import Finalist, Race, Verdict, bound_call
@@ -135,8 +135,11 @@ def _hold(data: bytes, threads: int) -> str | None:
 
 
 def _block() -> float:
-    """The median call (ms) of one block of the held finalist."""
-    return statistics.median(timed_block(_HELD["call"], _HELD["calls"]))
+    """The median call (ms) of one block of the held finalist, returned once this process's
+    threads are idle again (``settle``): the other finalist's block runs next, beside it."""
+    median = statistics.median(timed_block(_HELD["call"], _HELD["calls"]))
+    settle(0.0)
+    return median
 
 
 def request_for(name, finalists: dict[object, Finalist], module, steps: dict, onnx_model, arrays, expected,
