@@ -32,9 +32,9 @@ from .candidates.precision import FLOAT32, reduced
 from .config import Config
 from .deploying.optimized import OptimizedModule
 from .deploying.report import dominant_tvm_ops
-from .deploying.saved import (LoggedCosts, PlacementFileError, PlacementWarning, check_backends, check_model,
-                              model_hash, partitions_of, placement_backends, read_placement, replay_substitutions,
-                              runs_file)
+from .deploying.saved import (LoggedCosts, PlacementFileError, PlacementWarning, check_backends, partitions_of,
+                              read_placement)
+from .placing.recorded import check_model, model_hash, replay_substitutions
 from .errors import OptimizeError
 from .measuring.cost import Cost, Device
 from .measuring.cost_log import CostLog
@@ -347,28 +347,29 @@ def load_placement(
     """
     started = time.perf_counter()
     saved = read_placement(path)
-    config = Config(target=target or saved["target"], threads=threads or saved["threads"],
-                    seed=seed if seed is not None else saved.get("seed") or 0, simplify=saved["simplify"],
-                    accuracy=saved.get("accuracy"))  # fmt: skip
+    placement = saved.placement
+    config = Config(target=target or saved.target, threads=threads or saved.threads,
+                    seed=seed if seed is not None else saved.seed, simplify=saved.simplify,
+                    accuracy=saved.accuracy)  # fmt: skip
     pin_threads(config.threads)
     here = Device.this_machine(config.threads, config.target)
-    made_for = Device(saved.get("device", here.name), saved["threads"])
+    made_for = Device(saved.device or here.name, saved.threads)
     if made_for != here:
         warnings.warn(f"{path}: placed for {made_for}, rebuilt on {here}: it runs, but its placement was measured "
                       "there; optimize again here for the fastest", PlacementWarning, stacklevel=2)  # fmt: skip
-    model = prepare_model(config, mod, backends if backends is not None else placement_backends(saved), cost_log, params)
+    model = prepare_model(config, mod, backends if backends is not None else saved.backends, cost_log, params)
     record = RunRecord(seed=config.seed, objective=config.objective, chosen=SAVED, accuracy=config.accuracy)
-    if "unplaced" in saved["model"]:
-        if saved["model"].get("hash") != model_hash(model.prepared["main"]):
-            raise PlacementFileError(f"{path}: placement was made for another model (hash {saved['model'].get('hash')})")
-        record.unplaced, record.unplaced_hash, record.chosen = saved["model"]["unplaced"], saved["model"]["hash"], UNPLACED
+    if placement.model.unplaced is not None:
+        if placement.model.hash != model_hash(model.prepared["main"]):
+            raise PlacementFileError(f"{path}: placement was made for another model (hash {placement.model.hash})")
+        record.unplaced, record.unplaced_hash, record.chosen = placement.model.unplaced, placement.model.hash, UNPLACED
         return _unplaced(model, config, record, started)
-    graph = dataflow_graph(replay_substitutions(model.prepared, saved, path))
-    check_model(graph, saved, path)
-    check_backends(saved, model.backends, model.excluded, path)
+    graph = dataflow_graph(replay_substitutions(model.prepared, placement, path))
+    check_model(graph, placement, path)
+    check_backends(placement, model.backends, model.excluded, path)
     costs = LoggedCosts(Measurer(BackendSet(model.usable), config, model.log))
-    partitions = partitions_of(graph, saved, costs, path)
-    if runs_file(saved):
+    partitions = partitions_of(graph, placement, costs, path)
+    if placement.runs_file:
         if onnx_model is None:
             raise PlacementFileError(f"{path}: the placement runs the model's ONNX file on {partitions[0].backend}; give that file")
         try:

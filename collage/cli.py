@@ -275,9 +275,9 @@ def run_command(args) -> int:
         f"\nplacement read from {args.placement}: measured 0 candidates (cost log: {logged} rows before, {len(log)} after); "
         f"{len(opt.placement) - unknown} of {len(opt.placement)} partition costs from the log"
     )
-    if saved.get("measured_ms") is not None:
-        made = f" for {saved['device']}" if "device" in saved else ""
-        print(f"when it was made{made} it ran in {saved['measured_ms']:.3f} ms there; now {opt.measured.median_ms:.3f} ms")
+    if saved.measured_ms is not None:
+        made = f" for {saved.device}" if saved.device else ""
+        print(f"when it was made{made} it ran in {saved.measured_ms:.3f} ms there; now {opt.measured.median_ms:.3f} ms")
     return EXIT_OK
 
 

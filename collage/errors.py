@@ -6,3 +6,7 @@ stages above it."""
 
 class OptimizeError(Exception):
     """The model cannot be optimized as given; the message says what to change."""
+
+
+class PlacementFileError(OptimizeError):
+    """A saved placement cannot be read, or was made for another model."""

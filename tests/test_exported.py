@@ -30,7 +30,7 @@ def made(tmp_path_factory):
     mod = collage.load_onnx(model)
     log = collage.CostLog(path / "costs.sqlite")
     opt = collage.optimize(mod, backends=BACKENDS, cost_log=log, threads=2, progress=False, onnx_model=model)
-    record = json.loads(json.dumps(placement_record(opt)))
+    record = json.loads(json.dumps(placement_record(opt).to_json()))
     ops = [op for p in record["partitions"] for op in p["ops"]]
     record["partitions"] = [
         {"backend": "onnxruntime" if i == 0 else "tvm", "pattern": "onnxruntime.conv2d" if i == 0 else "tvm.op",

@@ -96,7 +96,7 @@ def test_openvino_in_bfloat16_is_a_finalist_and_held_to_the_budget(tmp_path):
 
 def test_precision_round_trips_through_saved_placements_and_exports(tmp_path):
     log = CostLog(tmp_path / "c.sqlite")
-    record = placement_record(optimize(FINE, log, accuracy=1e-2))
+    record = placement_record(optimize(FINE, log, accuracy=1e-2)).to_json()
     # The last exp in the reduced precision on the test library, the rest on TVM: a placement to
     # rebuild. (On the first exp its error, through the matmul, would exceed the budget.)
     ops = ["relax.exp", "relax.nn.relu", "relax.matmul", "relax.sigmoid", "relax.exp"]
@@ -107,7 +107,7 @@ def test_precision_round_trips_through_saved_placements_and_exports(tmp_path):
     backends = BackendSet([default_backends()["tvm"], FINE])
     rebuilt = collage.load_placement(Unary, path, backends=backends, cost_log=log)
     assert [p.candidate.precision for p in rebuilt.placement] == [FLOAT32] * 4 + [BFLOAT16] and not rebuilt.fallbacks
-    assert placement_record(rebuilt)["partitions"][4]["precision"] == BFLOAT16 and placement_record(rebuilt)["accuracy"] == 1e-2
+    assert placement_record(rebuilt).placement.partitions[4].precision == BFLOAT16 and placement_record(rebuilt).accuracy == 1e-2
     x, w = inputs()
     expected = run_unoptimized(Unary, x, w)
     assert 0 < relative_error([rebuilt(x, w)], [expected]) <= 1e-2  # exp ran in the reduced precision
@@ -118,7 +118,7 @@ def test_precision_round_trips_through_saved_placements_and_exports(tmp_path):
 
 def test_errors_compound_so_the_whole_module_is_held_to_the_budget(tmp_path):
     log = CostLog(tmp_path / "c.sqlite")
-    record = placement_record(optimize(FINE, log, accuracy=1e-2))
+    record = placement_record(optimize(FINE, log, accuracy=1e-2)).to_json()
     # The first exp off by 1e-3 of its largest output, within the budget alone; through relu
     # and the matmul that becomes several percent of the model's output.
     ops = ["relax.exp", "relax.nn.relu", "relax.matmul", "relax.sigmoid", "relax.exp"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import collage
-from collage.deploying.saved import PlacementFileError, read_placement
+from collage.deploying.saved import PlacementFileError, SavedPlacement, read_placement
 from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
 
 BACKENDS = ["tvm", "onnxruntime"]
@@ -48,11 +48,14 @@ def test_a_saved_placement_rebuilds_the_same_module_without_measuring(made):
 def test_the_file_records_the_model_and_each_partition(made):
     path, _, opt, _ = made
     saved = read_placement(path / "placement.json")
-    assert saved["model"]["ops"] == 5 and len(saved["model"]["hash"]) == 16
-    assert saved["simplify"] is True and saved["measured_ms"] == pytest.approx(opt.measured.median_ms, abs=1e-6)
-    first = saved["partitions"][0]
-    assert set(first) == {"backend", "pattern", "nodes", "ops", "cost_ms", "precision"} and first["precision"] == "float32"
-    assert first["nodes"] == sorted(first["nodes"]) and first["ops"][0] == "relax.nn.conv2d"
+    assert saved.placement.model.ops == 5 and len(saved.placement.model.hash) == 16
+    assert saved.simplify is True and saved.measured_ms == pytest.approx(opt.measured.median_ms, abs=1e-6)
+    first = saved.placement.partitions[0]
+    assert first.precision == "float32" and list(first.nodes) == sorted(first.nodes) and first.ops[0] == "relax.nn.conv2d"
+    # The file is plain JSON, and reads back as what was written.
+    written = json.loads((path / "placement.json").read_text())
+    assert set(written["partitions"][0]) == {"backend", "pattern", "nodes", "ops", "cost_ms", "precision"}
+    assert SavedPlacement.from_json(written, path).to_json() == written
 
 
 def test_a_placement_for_another_model_is_refused(made):

@@ -116,7 +116,7 @@ def export(opt, path: str | os.PathLike) -> Path:
         ],
         "kernels": kernels,
         "measured_ms": opt.measured.median_ms,
-        "placement": placement_record(opt),
+        "placement": placement_record(opt).to_json(),
     }
     (path / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return path

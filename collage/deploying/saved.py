@@ -5,10 +5,10 @@ hash and the device it was measured and timed on (this machine, or the device of
 it was optimized through), so the placement can be used again without measuring.
 ``collage.load_placement`` (in
 ``collage.api``: the stages of ``optimize`` with the placement fixed) reads it back here:
-``read_placement``, the substitutions to replay (``replay_substitutions``), the checks that
-it is the model the placement was made for (``check_model``, ``check_backends``), and each
-partition from its node set with its logged costs (``partitions_of``: any set, since the
-graph-level search hands engines regions no generator produced).
+``read_placement`` (a ``SavedPlacement``: the placement as ``placing.recorded`` records it,
+and what it was made on), the check that its backends are here (``check_backends``), and
+each partition from its node set with its logged costs (``partitions_of``: any set, since
+the graph-level search hands engines regions no generator produced).
 
 The file is plain JSON::
 
@@ -26,24 +26,18 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import tvm
-import tvm_ffi
-
 from ..candidates.backend import REFERENCE_BACKEND, BackendSet, default_backends
 from ..candidates.generate import Candidate
-from ..candidates.precision import FLOAT32
-from ..candidates.subgraph import SubGraph
-from ..errors import OptimizeError
+from ..errors import PlacementFileError
 from ..measuring.cost import Cost
 from ..measuring.measure import Measurer
 from ..model.graph import DataflowGraph
-from ..placing.engine_alone import FILE_SUFFIX
 from ..placing.placement import Partition
-from ..placing.substitute import DEFAULT_RULES as SUBSTITUTIONS
-from ..placing.substitute import Step, replay
+from ..placing.recorded import RecordedModel, RecordedPartition, RecordedPlacement
 
 if TYPE_CHECKING:
     from .optimized import OptimizedModule
@@ -52,12 +46,55 @@ FORMAT = "collage-placement"
 VERSION = 1
 
 
-class PlacementFileError(OptimizeError):
-    """The placement file cannot be read, or was made for another model."""
-
-
 class PlacementWarning(UserWarning):
     """The placement is rebuilt on another device than the one it was made for."""
+
+
+@dataclass(frozen=True)
+class SavedPlacement:
+    """A placement file: the placement (``placing.recorded``) and what it was made on and for:
+    the target, the device it was measured and timed on and the threads it should run on
+    there, whether the model was simplified first, the search's seed, the accuracy budget
+    reduced-precision partitions were held to, the DP's estimate and the measured time."""
+
+    placement: RecordedPlacement
+    target: str
+    device: str | None
+    threads: int
+    simplify: bool
+    seed: int = 0
+    accuracy: float | None = None
+    estimated_ms: float | None = None
+    measured_ms: float | None = None
+
+    def to_json(self) -> dict:
+        recorded = self.placement.to_json()
+        return {"format": FORMAT, "version": VERSION, "model": recorded["model"], "target": self.target,
+                "device": self.device, "threads": self.threads, "simplify": self.simplify,
+                "substitutions": recorded["substitutions"], "seed": self.seed, "accuracy": self.accuracy,
+                "estimated_ms": self.estimated_ms, "measured_ms": self.measured_ms,
+                "partitions": recorded["partitions"]}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, record, path) -> SavedPlacement:
+        """The placement file's ``record``; ``PlacementFileError`` if it is not one."""
+        if not isinstance(record, dict) or record.get("format") != FORMAT:
+            raise PlacementFileError(f'{path}: not a collage placement file (no "format": "{FORMAT}")')
+        if record.get("version") != VERSION:
+            raise PlacementFileError(f"{path}: placement format version {record.get('version')}; this collage reads {VERSION}")
+        missing = [k for k in ("model", "target", "threads", "simplify", "partitions") if k not in record]
+        if missing:
+            raise PlacementFileError(f"{path}: placement file lacks {', '.join(missing)}")
+        return cls(RecordedPlacement.from_json(record, path), record["target"], record.get("device"), record["threads"],
+                   record["simplify"], record.get("seed") or 0, record.get("accuracy"), record.get("estimated_ms"),
+                   record.get("measured_ms"))  # fmt: skip
+
+    @property
+    def backends(self) -> list[str]:
+        """The registered backends it runs on, and TVM, which every fallback needs
+        (``check_backends`` names any that is not registered)."""
+        named = {REFERENCE_BACKEND} | {p.backend for p in self.placement.partitions}
+        return sorted(named & set(default_backends().names()))
 
 
 # -- saving --
@@ -67,45 +104,18 @@ def save_placement(opt: OptimizedModule, path: str | os.PathLike) -> Path:
     """Write ``opt``'s placement to ``path`` as JSON; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(placement_record(opt), indent=1) + "\n")
+    path.write_text(json.dumps(placement_record(opt).to_json(), indent=1) + "\n")
     return path
 
 
-def placement_record(opt: OptimizedModule) -> dict:
-    """The JSON-ready record of ``opt``'s placement (see the module docstring)."""
-    if opt.placement:
-        graph = opt.placement[0].candidate.subgraph.graph
-        model = {"hash": model_hash(graph.func), "ops": len(graph)}
-    else:  # nothing was placeable: the record says why, and rebuilding runs TVM as optimize did
-        model = {"hash": opt.record.unplaced_hash, "ops": 0, "unplaced": opt.record.unplaced}
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "model": model,
-        "target": opt.target,
-        # The device it was measured and timed on, and the threads it should run on there.
-        "device": opt.optimized_for.name,
-        "threads": opt.optimized_for.threads,
-        "simplify": opt.simplified is not None,
-        # The substitutions of the graph the partitions index, as (rule, nodes) steps in order.
-        "substitutions": opt.record.substituted,
-        "seed": opt.record.seed,
-        "accuracy": opt.record.accuracy,  # the budget reduced-precision partitions were held to
-        "estimated_ms": _json_number(opt.estimated_ms),
-        "measured_ms": _json_number(opt.measured.median_ms),
-        "partitions": [partition_entry(p) for p in opt.placement],
-    }
-
-
-def partition_entry(p: Partition) -> dict:
-    """One partition as the file holds it (``candidate_of`` reads it back)."""
-    return {"backend": p.backend, "pattern": p.pattern, "nodes": sorted(p.nodes), "ops": p.ops,
-            "cost_ms": _json_number(p.cost_ms), "precision": p.candidate.precision}  # fmt: skip
-
-
-def model_hash(main: tvm.relax.Function) -> str:
-    """The structural hash of the (bound, simplified) ``main`` the placement indexes."""
-    return f"{tvm_ffi.structural_hash(main):016x}"
+def placement_record(opt: OptimizedModule) -> SavedPlacement:
+    """``opt``'s placement as its file holds it (see the module docstring)."""
+    placement = RecordedPlacement.of(opt.placement, opt.record.substituted)
+    if not opt.placement:  # nothing was placeable: the record says why, and rebuilding runs TVM as optimize did
+        placement = RecordedPlacement(RecordedModel(opt.record.unplaced_hash, 0, opt.record.unplaced), ())
+    return SavedPlacement(placement, opt.target, opt.optimized_for.name, opt.optimized_for.threads,
+                          opt.simplified is not None, opt.record.seed, opt.record.accuracy,
+                          _json_number(opt.estimated_ms), _json_number(opt.measured.median_ms))  # fmt: skip
 
 
 def _json_number(ms: float) -> float | None:
@@ -116,8 +126,8 @@ def _json_number(ms: float) -> float | None:
 # -- loading --
 
 
-def read_placement(path: str | os.PathLike) -> dict:
-    """The record saved at ``path``; ``PlacementFileError`` if it is not one."""
+def read_placement(path: str | os.PathLike) -> SavedPlacement:
+    """The placement saved at ``path``; ``PlacementFileError`` if it is not one."""
     path = Path(path)
     try:
         record = json.loads(path.read_text())
@@ -125,46 +135,7 @@ def read_placement(path: str | os.PathLike) -> dict:
         raise PlacementFileError(f"{path}: no such placement file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise PlacementFileError(f"{path}: not a collage placement file ({err})") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise PlacementFileError(f'{path}: not a collage placement file (no "format": "{FORMAT}")')
-    if record.get("version") != VERSION:
-        raise PlacementFileError(
-            f"{path}: placement format version {record.get('version')}; this collage reads {VERSION}"
-        )
-    missing = [k for k in ("model", "target", "threads", "simplify", "partitions") if k not in record]
-    if missing:
-        raise PlacementFileError(f"{path}: placement file lacks {', '.join(missing)}")
-    if not isinstance(record["model"], dict) or not isinstance(record["partitions"], list):
-        raise PlacementFileError(f"{path}: placement file's model is not an object or its partitions not a list")
-    for k, entry in enumerate(record["partitions"]):
-        if not _is_partition(entry):
-            raise PlacementFileError(f"{path}: partition {k} is not {{backend, pattern, nodes, ops}}: {entry}")
-    return record
-
-
-def _is_partition(entry) -> bool:
-    return (
-        isinstance(entry, dict)
-        and isinstance(entry.get("backend"), str)
-        and isinstance(entry.get("pattern"), str)
-        and isinstance(entry.get("nodes"), list)
-        and len(entry["nodes"]) > 0
-        and all(isinstance(i, int) for i in entry["nodes"])
-        and isinstance(entry.get("ops"), list)
-    )
-
-
-def runs_file(record: dict) -> bool:
-    """Whether the placement runs the user's ONNX file whole on one engine."""
-    parts = record["partitions"]
-    return len(parts) == 1 and parts[0]["pattern"] == f"{parts[0]['backend']}{FILE_SUFFIX}"
-
-
-def placement_backends(record: dict) -> list[str]:
-    """The registered backends the placement runs on, and TVM, which every fallback needs
-    (``check_backends`` names any that is not registered)."""
-    named = {REFERENCE_BACKEND} | {entry["backend"] for entry in record["partitions"]}
-    return sorted(named & set(default_backends().names()))
+    return SavedPlacement.from_json(record, path)
 
 
 class LoggedCosts:
@@ -188,43 +159,18 @@ class LoggedCosts:
         return cost.value_ms if cost.is_valid else 0.0
 
 
-def candidate_of(graph: DataflowGraph, entry: dict) -> Candidate:
-    """The candidate a saved partition (``partition_entry``) names on ``graph``."""
-    return Candidate(SubGraph(graph, frozenset(entry["nodes"])), entry["backend"], entry["pattern"],
-                     entry.get("precision", FLOAT32))  # fmt: skip
-
-
-def _partition(graph: DataflowGraph, entry: dict, costs: LoggedCosts) -> Partition:
+def _partition(graph: DataflowGraph, entry: RecordedPartition, costs: LoggedCosts) -> Partition:
     """One saved partition on ``graph``, its costs from the log (unknown when either the
     kernel's or the transition's is missing)."""
-    candidate = candidate_of(graph, entry)
+    candidate = entry.candidate(graph)
     cost, transition = costs.cost(candidate), costs.transition_ms(candidate.backend)
     if math.isnan(transition):
         return Partition(candidate, Cost.unknown())
     return Partition(candidate, cost, 0.0 if cost.is_unknown else transition)
 
 
-def check_model(graph: DataflowGraph, record: dict, path) -> None:
-    """The model is the one the placement was made for: same hash, same op at every node."""
-    saved = record["model"]
-    if saved.get("hash") != model_hash(graph.func) or saved.get("ops") != len(graph):
-        raise PlacementFileError(
-            f"{path}: placement was made for another model (saved: {saved.get('ops')} ops, hash {saved.get('hash')}; "
-            f"this model: {len(graph)} ops, hash {model_hash(graph.func)})"
-        )
-    for k, entry in enumerate(record["partitions"]):
-        nodes = entry["nodes"]
-        if any(not 0 <= i < len(graph) for i in nodes):
-            raise PlacementFileError(f"{path}: partition {k} names nodes outside the model: {nodes}")
-        ops = [graph[i].op for i in sorted(nodes)]
-        if entry["ops"] != ops:
-            raise PlacementFileError(
-                f"{path}: placement was made for another model (partition {k}: ops {entry['ops']}, model has {ops})"
-            )
-
-
-def check_backends(record: dict, backend_set: BackendSet, excluded: dict[str, str], path) -> None:
-    for name in sorted({entry["backend"] for entry in record["partitions"]}):
+def check_backends(placement: RecordedPlacement, backend_set: BackendSet, excluded: dict[str, str], path) -> None:
+    for name in sorted({entry.backend for entry in placement.partitions}):
         if name not in backend_set.names():
             raise PlacementFileError(
                 f"{path}: the placement uses backend {name!r}; the backends here are {', '.join(backend_set.names())}"
@@ -235,22 +181,12 @@ def check_backends(record: dict, backend_set: BackendSet, excluded: dict[str, st
             )
 
 
-def partitions_of(graph: DataflowGraph, record: dict, costs: LoggedCosts, path) -> tuple[Partition, ...]:
+def partitions_of(graph: DataflowGraph, placement: RecordedPlacement, costs: LoggedCosts, path) -> tuple[Partition, ...]:
     """The saved partitions on ``graph``, costs from the log, checked to cover it in an order
     that runs."""
-    partitions = tuple(_partition(graph, entry, costs) for entry in record["partitions"])
+    partitions = tuple(_partition(graph, entry, costs) for entry in placement.partitions)
     _check_cover(graph, partitions, path)
     return partitions
-
-
-def replay_substitutions(prepared: tvm.IRModule, record: dict, path) -> tvm.IRModule:
-    """``prepared`` with the graph substitutions the placement was made over, replayed."""
-    if not record.get("substitutions"):
-        return prepared
-    try:
-        return replay(prepared, [Step(rule, tuple(nodes), k) for rule, nodes, k in record["substitutions"]], SUBSTITUTIONS)
-    except (ValueError, TypeError) as err:
-        raise PlacementFileError(f"{path}: its graph substitutions do not fit this model: {err}") from None
 
 
 def _check_cover(graph: DataflowGraph, partitions: tuple[Partition, ...], path) -> None:

@@ -3,7 +3,7 @@
 With a fleet of another device kind (``measuring.rpc_runner.RPCRunner``), the candidates'
 costs are the fleet's, and so must be the race between the finalists: which placement is
 fastest differs by machine. So the race runs on one server of the fleet. Each finalist
-travels as its saved placement would (``deploying.saved``: the model's hash, each
+travels as its saved placement would (``placing.recorded``: the model's hash, each
 partition's backend by name, pattern, nodes and precision, the substitutions of its graph),
 never as compiled code; with it go the model (TVM's JSON, weights as arrays, ``wire``), the
 user's ONNX file where an engine runs it whole, the inputs and the unoptimized outputs.
@@ -29,17 +29,16 @@ import tvm
 from ..assembling.checked import assemble_and_check
 from ..assembling.assemble import Assembly
 from ..candidates.backend import BackendSet, default_backends
-from ..errors import OptimizeError
+from ..errors import OptimizeError, PlacementFileError
 from ..measuring.cost import Cost
 from ..measuring.isolation import weights_in, weights_out
 from ..measuring.runner import build_vm, first_line
 from ..measuring.wire import ServerDevice, pack, unpack
-from ..deploying.saved import (PlacementFileError, candidate_of, check_model, model_hash, partition_entry,
-                              replay_substitutions, runs_file)
 from ..model.prepare import dataflow_graph
 from .engine_alone import EngineAloneFailed, checked_on_file
 from .finalists import Finalist, Race, Timed, time_finalists
 from .placement import Partition, Placement
+from .recorded import RecordedPartition, RecordedPlacement, check_model, replay_substitutions
 
 # What the race is given on the server beyond the per-candidate deadline: assembling every
 # finalist (an engine compiling a whole model takes seconds) and up to 21 rounds of each.
@@ -51,7 +50,7 @@ FUNCTION = "collage.time_finalists"
 class RaceAnswer:
     """What the server answered: the finalists' timing (``Timed``, its ``race`` the rounds),
     those it could not build (label -> why), the partitions each built one ran where they
-    differ from what was sent (label -> saved-placement entries: fallbacks to TVM there), the
+    differ from what was sent (label -> ``RecordedPartition.to_json`` entries: fallbacks to TVM there), the
     server that raced them, and how many seconds the race took there."""
 
     timed: Timed
@@ -78,14 +77,8 @@ def request(finalists: dict[str, Finalist], module: tvm.IRModule, substitutions:
     lifted, weights = _lifted(module)
     arrays_out = {f"weight{k}": w for k, w in enumerate(weights)}
     arrays_out |= {f"input{k}": a for k, a in enumerate(arrays)} | {f"expected{k}": e for k, e in enumerate(expected)}
-    placements = {}
-    for label, finalist in finalists.items():
-        graph = finalist.partitions[0].candidate.subgraph.graph if finalist.partitions else None
-        placements[label] = {
-            "model": {"hash": model_hash(graph.func), "ops": len(graph)} if graph is not None else {},
-            "substitutions": substitutions.get(label) or [],
-            "partitions": [partition_entry(p) for p in finalist.partitions],
-        }
+    placements = {label: RecordedPlacement.of(finalist.partitions, substitutions.get(label) or ()).to_json()
+                  for label, finalist in finalists.items()}  # fmt: skip
     header = {"module": tvm.ir.save_json(lifted), "weights": len(weights), "inputs": len(arrays),
               "expected": len(expected), "onnx": onnx_model is not None, "target": target, "accuracy": accuracy,
               "metered": metered, "finalists": placements}  # fmt: skip
@@ -137,9 +130,9 @@ def as_ran_there(finalist: Finalist, entries: list[dict], device: str, check: tu
     otherwise), checked on ``check`` (inputs, the unoptimized outputs), so that the module
     kept is the one that was timed."""
     graph = finalist.partitions[0].candidate.subgraph.graph
-    sent = {_sent_form(partition_entry(p)): p for p in finalist.partitions}
-    partitions = tuple(sent.get(_sent_form(entry)) or Partition(candidate_of(graph, entry), Cost.unknown())
-                       for entry in entries)  # fmt: skip
+    sent = {RecordedPartition.of(p).identity: p for p in finalist.partitions}
+    ran = map(RecordedPartition.from_json, entries)
+    partitions = tuple(sent.get(entry.identity) or Partition(entry.candidate(graph), Cost.unknown()) for entry in ran)
     arrays, expected = check
     rebuilt = assemble_and_check(graph, Placement(graph, partitions), expected, arrays, backends, target, threads, accuracy)
     back = [p for p in finalist.partitions if p not in partitions]
@@ -191,16 +184,16 @@ def built_here(header: dict, arrays: dict, backends: BackendSet, threads: int) -
     onnx_model = onnx.load_from_string(arrays["onnx"].tobytes()) if header["onnx"] else None
     target, accuracy = header["target"], header["accuracy"]
     built, left_out, ran = {}, {}, {}
-    for label, placement in header["finalists"].items():
-        entries = placement["partitions"]
+    for label, sent in header["finalists"].items():
         try:
-            if not entries:  # nothing placed: the module as TVM runs it
+            placement = RecordedPlacement.from_json(sent, label)
+            if not placement.partitions:  # nothing placed: the module as TVM runs it
                 built[label] = Finalist([], Assembly(module), build_vm(module, target), float("nan"))
                 continue
             graph = dataflow_graph(replay_substitutions(module, placement, label))
             check_model(graph, placement, label)
-            partitions = [Partition(candidate_of(graph, entry), Cost.unknown()) for entry in entries]
-            if runs_file(placement):
+            partitions = [Partition(entry.candidate(graph), Cost.unknown()) for entry in placement.partitions]
+            if placement.runs_file:
                 if onnx_model is None:
                     raise OptimizeError("it runs the model's ONNX file, which was not sent")
                 built[label] = checked_on_file(module, graph, backends[partitions[0].backend], onnx_model,
@@ -212,15 +205,10 @@ def built_here(header: dict, arrays: dict, backends: BackendSet, threads: int) -
         except (OptimizeError, PlacementFileError, EngineAloneFailed, KeyError) as err:
             left_out[label] = first_line(err)
             continue
-        there = [partition_entry(p) for p in built[label].partitions]
-        if list(map(_sent_form, there)) != list(map(_sent_form, entries)):
-            ran[label] = there
+        there = [RecordedPartition.of(p) for p in built[label].partitions]
+        if [p.identity for p in there] != [p.identity for p in placement.partitions]:
+            ran[label] = [p.to_json() for p in there]
     return Built(built, left_out, ran, inputs)
-
-
-def _sent_form(entry: dict) -> tuple:
-    """What identifies a partition, costs aside."""
-    return entry["backend"], entry["pattern"], tuple(entry["nodes"]), entry["precision"]
 
 
 def _lifted(module: tvm.IRModule) -> tuple[tvm.IRModule, list[np.ndarray]]:
