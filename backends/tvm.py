@@ -15,7 +15,7 @@ from tvm import relax
 from collage.candidates.backend import OP_LEVEL, Backend
 from collage.model.graph import CALLEES_ATTR
 from collage.candidates.pattern import PatternRule
-from collage.measuring.runner import as_module, device_for
+from collage.measuring.build import as_module, device_for
 
 
 def probe(target: str) -> str | None:

@@ -38,11 +38,11 @@ from .placing.recorded import check_model, model_hash, replay_substitutions
 from .errors import OptimizeError
 from .measuring.cost import Cost, Device
 from .measuring.cost_log import CostLog
-from .measuring.isolation import MeasureRunner
+from .measuring.runner import MeasureRunner
 from .measuring.measure import Measurer
 from .measuring.meters import EnergyMeter, NoEnergyMeter, energy_meter
 from .measuring.rpc_runner import GRACE_S, FleetError
-from .measuring.runner import is_cuda, kernel_backends, module_cuda_graph_blocker
+from .measuring.build import is_cuda, kernel_backends, module_cuda_graph_blocker
 from .measuring.threads import pin_threads
 from .measuring.timing import Timing
 from .model.frontend import ModelImportError, import_model
@@ -107,7 +107,7 @@ def optimize(
     Every backend runs on ``threads`` threads (default: the cores this process may use).
     Candidates are measured on ``runner`` (``collage.measuring.isolation``): by default in a worker
     process, so a library that crashes or hangs on one candidate costs that candidate only;
-    ``isolation.InProcess()`` measures here, without that safety; ``collage.RPCRunner(tracker,
+    ``runner.InProcess()`` measures here, without that safety; ``collage.RPCRunner(tracker,
     key)`` on every measuring server (``collage serve``) registered under ``key`` with a TVM
     RPC tracker, several candidates at once, with costs logged under the servers' device.
     ``simplify`` runs ``collage.simplify`` first. ``graph_level`` then refines the op-level
@@ -442,7 +442,7 @@ def _optimized_module(model: Model, config: Config, kept: Finalist, measured: Co
         partitions = [dataclasses.replace(partitions[0], cost=measured)]
         estimated_ms = measured.median_ms
     record.warnings = dominant_tvm_ops(partitions)
-    if is_cuda(config.target):  # as runner.compile_module decided when it built kept.vm
+    if is_cuda(config.target):  # as build.compile_module decided when it built kept.vm
         record.cuda_graph_off = module_cuda_graph_blocker(kept.assembly.module,
                                                           kernel_backends(kept.assembly, model.backends))
     record.seconds.total = time.perf_counter() - started

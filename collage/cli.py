@@ -212,7 +212,7 @@ def optimize_command(args) -> int:
     from .api import optimize_with
     from .config import Config
     from .model.frontend import load_onnx
-    from .measuring.isolation import InProcess
+    from .measuring.runner import InProcess
     from .deploying.saved import save_placement
 
     backends, shapes, extra = _backends(args.backends), _shapes(args.shape), _graph_level(args) | _substitutions(args)

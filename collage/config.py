@@ -20,7 +20,7 @@ from .measuring.timing import Timing
 from .placing.objective import Objective
 
 if TYPE_CHECKING:
-    from .measuring.isolation import MeasureRunner
+    from .measuring.runner import MeasureRunner
 
 
 

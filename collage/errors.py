@@ -10,3 +10,10 @@ class OptimizeError(Exception):
 
 class PlacementFileError(OptimizeError):
     """A saved placement cannot be read, or was made for another model."""
+
+
+def first_line(err: Exception) -> str:
+    """The first line of ``err``'s message: what a one-line reason shows of it."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else "(no message)"
+

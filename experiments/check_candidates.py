@@ -19,7 +19,7 @@ import pathlib
 import time
 from collections import Counter
 
-from collage.measuring import runner
+from collage.measuring.build import check_candidate
 from collage.model.simplify import simplify
 from collage.candidates.backend import default_backends
 from collage.candidates.generate import distinct, generate
@@ -51,7 +51,7 @@ def check_model(name: str, small: bool, target: str = "llvm", run: bool = True) 
         if run:
             failures = {}
             for c in unique:
-                reason = runner.check_candidate(by_name[backend_name], c.subgraph.extract(), c.pattern, target)
+                reason = check_candidate(by_name[backend_name], c.subgraph.extract(), c.pattern, target)
                 if reason is not None:
                     failures[f"{c.pattern} {'+'.join(c.subgraph.ops)}"] = reason
             entry["failed"] = failures

@@ -54,7 +54,7 @@ def _load_here(directory: str, io: str, threads: int) -> None:
     """The fresh process's side of ``loaded_in_fresh_process``."""
     started = time.perf_counter()
     import collage  # importing collage and its libraries is part of what a deployment pays
-    from collage.measuring.runner import to_tensors
+    from collage.measuring.arrays import to_tensors
     from collage.measuring.timing import Protocol, time_contenders
 
     imported_s = time.perf_counter() - started

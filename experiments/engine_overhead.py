@@ -59,7 +59,7 @@ def contenders(w: models.Workload, engine: str, threads: int) -> dict:
     from collage.placing.engine_alone import from_onnx_file
     from collage.model.graph import DataflowGraph
     from collage.placing.placement import Partition
-    from collage.measuring.runner import build_vm
+    from collage.measuring.build import build_vm
     from collage.candidates.onnx_convert import to_onnx
     from collage.candidates.subgraph import SubGraph
 
@@ -94,7 +94,7 @@ def contenders(w: models.Workload, engine: str, threads: int) -> dict:
 def _among_others(graph, whole, backend, threads):
     from collage.assembling.assemble import assemble
     from collage.candidates.backend import BackendSet
-    from collage.measuring.runner import compile_kernel
+    from collage.measuring.build import compile_kernel
 
     kernel, reason = compile_kernel(backend, whole.candidate.subgraph.extract(), whole.pattern, "llvm", threads, alone=False)
     if reason is not None:

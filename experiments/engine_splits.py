@@ -36,7 +36,7 @@ def multiply_adds(mod) -> int:
     Relax module's ``main`` (static shapes); element-wise work is left out, so rates are
     slight underestimates."""
     from collage.model.graph import DataflowGraph
-    from collage.measuring.runner import static_shape
+    from collage.measuring.arrays import static_shape
 
     total = 0
     for node in DataflowGraph.from_module(mod):

@@ -110,7 +110,8 @@ def optimize(model: str, runner) -> dict:
 def dispatch_overhead_s(runner) -> float:
     """Seconds a trivial candidate takes through one server beyond the same in a local worker."""
     from collage.candidates.backend import default_backends
-    from collage.measuring.isolation import MeasureTask, WorkerProcess
+    from collage.measuring.runner import MeasureTask
+    from collage.measuring.isolation import WorkerProcess
     from collage.measuring.timing import Timing
     from tvm import relax
 

@@ -110,7 +110,7 @@ def _tvm_peer(w: models.Workload, cuda_graph: bool):
     import tvm
     from tvm import relax
 
-    from collage.measuring.runner import USE_CUDA_GRAPH
+    from collage.measuring.build import USE_CUDA_GRAPH
 
     with tvm.transform.PassContext(config={USE_CUDA_GRAPH: cuda_graph}):
         vm = relax.VirtualMachine(tvm.compile(w.relax, target="cuda"), tvm.cuda())

@@ -108,7 +108,8 @@ def run_tvm(case, directory: Path) -> Outcome:
     from tvm import relax
 
     from collage.model.frontend import ModelImportError
-    from collage.measuring.runner import first_line, numpy_outputs
+    from collage.errors import first_line
+    from collage.measuring.arrays import numpy_outputs
 
     try:
         mod, _ = _import(case, directory)
@@ -127,7 +128,7 @@ def run_collage(case, directory: Path, cost_log=None, backends=None, timing=None
     import collage
     from collage.measuring.timing import Timing
     from collage.model.frontend import ModelImportError
-    from collage.measuring.runner import first_line
+    from collage.errors import first_line
 
     try:
         mod, path = _import(case, directory)

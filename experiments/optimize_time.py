@@ -28,7 +28,7 @@ RUNNERS = ("worker", "in-process")
 
 def one(model: str, log: str, threads: int, runner: str) -> dict:
     """One optimize in this process; what it took."""
-    from collage.measuring.isolation import InProcess
+    from collage.measuring.runner import InProcess
     from collage.measuring.threads import pin_threads
 
     pin_threads(threads)

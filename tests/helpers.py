@@ -7,7 +7,8 @@ import functools
 import numpy as np
 from tvm import relax
 
-from collage.measuring import runner
+from collage.measuring.arrays import static_shape
+from collage.measuring.build import check_candidate
 from collage.candidates.generate import distinct, generate
 from collage.model.graph import DataflowGraph
 from collage.model.simplify import simplify
@@ -27,7 +28,7 @@ def with_weights_bound(mod, names=None, seed: int = 0):
     rng = np.random.default_rng(seed)
     params = {p.name: p for p in mod["main"].params}
     names = list(params)[1:] if names is None else names
-    weights = {n: rng.standard_normal(runner.static_shape(params[n].ty)).astype("float32") for n in names}
+    weights = {n: rng.standard_normal(static_shape(params[n].ty)).astype("float32") for n in names}
     return relax.transform.BindParams("main", weights)(mod)
 
 
@@ -57,7 +58,7 @@ def failures(backend, candidates, target: str = "llvm") -> dict[str, str]:
     return {
         f"{c} {'+'.join(c.subgraph.ops)}": reason
         for c in candidates
-        if (reason := runner.check_candidate(backend, c.subgraph.extract(), c.pattern, target)) is not None
+        if (reason := check_candidate(backend, c.subgraph.extract(), c.pattern, target)) is not None
     }
 
 

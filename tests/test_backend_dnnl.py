@@ -7,7 +7,8 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from collage.candidates.precision import BFLOAT16, FLOAT32, amx_unavailable
-from collage.measuring import runner
+from collage.measuring.arrays import random_inputs, relative_error
+from collage.measuring.build import check_candidate, compile_kernel, run_kernel, run_reference
 from collage.measuring.cost import cpu_info
 from collage.candidates.generate import generate
 from collage.model.graph import DataflowGraph
@@ -159,14 +160,14 @@ def test_dense_kernels_match_tvm(weights):
 def test_unsupported_is_a_reason_not_a_crash():
     graph = DataflowGraph.from_module(NearMisses)
     half = SubGraph(graph, S(1)).extract()
-    assert runner.check_candidate(BACKEND, half, "dnnl.conv2d") == "unsupported: dnnl.conv2d: float32 only: data is float16"
+    assert check_candidate(BACKEND, half, "dnnl.conv2d") == "unsupported: dnnl.conv2d: float32 only: data is float16"
     nhwc = SubGraph(graph, S(0)).extract()
-    assert "layouts NCHW/OIHW only, not NHWC/OHWI" in runner.check_candidate(BACKEND, nhwc, "dnnl.conv2d")
+    assert "layouts NCHW/OIHW only, not NHWC/OHWI" in check_candidate(BACKEND, nhwc, "dnnl.conv2d")
     conv_and_row = SubGraph(graph, S(3, 4)).extract()
-    assert runner.check_candidate(BACKEND, conv_and_row, "dnnl.conv2d") == (
+    assert check_candidate(BACKEND, conv_and_row, "dnnl.conv2d") == (
         "unsupported: dnnl.conv2d does not cover this sub-graph (relax.nn.conv2d -> relax.add)"
     )
-    assert runner.check_candidate(BACKEND, conv_and_row, "dnnl.softmax").startswith(
+    assert check_candidate(BACKEND, conv_and_row, "dnnl.softmax").startswith(
         "unsupported: no pattern named 'dnnl.softmax'; known: dnnl.conv2d, "
     )
 
@@ -198,13 +199,13 @@ def test_convolutions_and_dense_layers_compute_in_bfloat16_where_asked_and_resto
     assert BACKEND.reduced_precisions("llvm") == (BFLOAT16,)
     for c in chosen:
         func = c.subgraph.extract()
-        arrays = runner.random_inputs(func)
-        expected = runner.run_reference(func, arrays)
+        arrays = random_inputs(func)
+        expected = run_reference(func, arrays)
         errors = {}
         for precision in (FLOAT32, BFLOAT16):
-            kernel, reason = runner.compile_kernel(BACKEND, func, c.pattern, "llvm", 1, precision=precision)
+            kernel, reason = compile_kernel(BACKEND, func, c.pattern, "llvm", 1, precision=precision)
             assert reason is None
-            errors[precision] = runner.relative_error(runner.run_kernel(kernel, func, arrays), expected)
+            errors[precision] = relative_error(run_kernel(kernel, func, arrays), expected)
         # bfloat16 keeps 8 bits of mantissa: its rounding shows, well within a percent.
         assert errors[FLOAT32] < 1e-5 < errors[BFLOAT16] < 1e-2, (c.pattern, errors)
     assert torch.backends.mkldnn.conv.fp32_precision == torch.backends.mkldnn.matmul.fp32_precision == "none"
@@ -213,7 +214,7 @@ def test_convolutions_and_dense_layers_compute_in_bfloat16_where_asked_and_resto
 def test_pooling_has_no_bfloat16_kernel():
     graph = DataflowGraph.from_module(with_weights_bound(ConvBlocks2d))
     pool = SubGraph(graph, S(12)).extract()
-    _, reason = runner.compile_kernel(BACKEND, pool, "dnnl.max_pool2d", "llvm", 1, precision=BFLOAT16)
+    _, reason = compile_kernel(BACKEND, pool, "dnnl.max_pool2d", "llvm", 1, precision=BFLOAT16)
     assert reason == "unsupported: oneDNN pools in float32 only, not bfloat16"
 
 

@@ -7,7 +7,7 @@ from collage.backends import cublas, cudnn, dnnl, mkl
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage.measuring import runner
+from collage.measuring.build import check_candidate, synchronized
 from collage.candidates.backend import Unsupported
 from collage.candidates.generate import generate
 from collage.model.graph import DataflowGraph
@@ -116,7 +116,7 @@ def test_missing_gpu_is_a_reason_not_a_crash(backend):
     func = SubGraph(DataflowGraph.from_module(Matmuls), S(4)).extract()
     reason = "PyTorch has no CUDA device (CPU build or no GPU)"
     assert backend.unavailable_reason("cuda") == reason
-    assert runner.check_candidate(backend, func, f"{backend.name}.batch_matmul", "cuda") == reason
+    assert check_candidate(backend, func, f"{backend.name}.batch_matmul", "cuda") == reason
 
 
 # ------------------------------------------------------------------ kernels, on a GPU
@@ -148,7 +148,7 @@ def test_zoo_candidates_match_tvm(backend, model):
 
 def test_a_cpu_call_is_timed_as_it_is():
     call = lambda: None  # noqa: E731
-    assert runner.synchronized(call, "llvm") is call
+    assert synchronized(call, "llvm") is call
 
 
 def test_optimize_on_the_gpu(tmp_path):

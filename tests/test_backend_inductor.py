@@ -12,7 +12,8 @@ from collage.backends import tvm as tvm_backend
 from collage.candidates.backend import cuda_graph_blocker
 from collage.candidates.generate import PART_SUFFIX, REGION_SUFFIX, generate
 from collage.candidates.precision import BFLOAT16, FLOAT32, TF32
-from collage.measuring import runner
+from collage.measuring.arrays import empty_outputs, mismatch, random_inputs, relative_error, to_tensors
+from collage.measuring.build import run_reference, synchronized
 from collage.model.graph import DataflowGraph
 from experiments import models
 from tests.helpers import failures, zoo_graph
@@ -42,23 +43,23 @@ def test_it_serves_cuda_graph_safe_in_three_precisions():
 
 
 def run_kernel(func, precision=FLOAT32):
-    arrays = runner.random_inputs(func)
+    arrays = random_inputs(func)
     kernel = inductor.compile(func, "inductor.region", "llvm", 2, precision=precision)
-    inputs, outputs = runner.to_tensors(arrays, tvm.cpu()), runner.empty_outputs(func, tvm.cpu())
+    inputs, outputs = to_tensors(arrays, tvm.cpu()), empty_outputs(func, tvm.cpu())
     kernel(*inputs, *outputs)
-    return [o.numpy() for o in outputs], runner.run_reference(func, arrays)
+    return [o.numpy() for o in outputs], run_reference(func, arrays)
 
 
 def test_the_kernel_matches_tvm_on_the_cpu():
     """Compiled by inductor (C++ for the CPU), written into the caller's buffers."""
     actual, expected = run_kernel(models.load("mlp", small=True).relax["main"])
-    assert runner.mismatch(actual, expected) is None
+    assert mismatch(actual, expected) is None
 
 
 def test_bfloat16_is_computed_in_bfloat16():
     actual, expected = run_kernel(models.load("mlp", small=True).relax["main"], precision=BFLOAT16)
     assert actual[0].dtype == np.float32  # the caller's float32 buffers, all the same
-    assert 1e-5 < runner.relative_error(actual, expected) < 5e-2
+    assert 1e-5 < relative_error(actual, expected) < 5e-2
 
 
 # ------------------------------------------------------------------ on a GPU
@@ -80,9 +81,9 @@ def test_a_library_kernel_is_timed_inside_a_cuda_graph():
     candidate = next(c for c in zoo_candidates("bert", cublas.BACKEND, simplified=True) if c.pattern == "cublas.dense_bias")
     func = candidate.subgraph.extract()
     kernel = cublas.BACKEND.compile(func, candidate.pattern, "cuda", 0)
-    inputs = runner.to_tensors(runner.random_inputs(func), tvm.cuda())
-    outputs = runner.empty_outputs(func, tvm.cuda())
-    plain = time_call(runner.synchronized(lambda: kernel(*inputs, *outputs), "cuda"))
+    inputs = to_tensors(random_inputs(func), tvm.cuda())
+    outputs = empty_outputs(func, tvm.cuda())
+    plain = time_call(synchronized(lambda: kernel(*inputs, *outputs), "cuda"))
     captured = time_captured(lambda: kernel(*inputs, *outputs))
     assert captured.is_valid and captured.median_ms < plain.median_ms
 

@@ -6,7 +6,7 @@ from collage.backends import mkl
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage.measuring import runner
+from collage.measuring.build import check_candidate
 from collage.candidates.generate import generate
 from collage.model.graph import DataflowGraph
 from collage.candidates.subgraph import SubGraph
@@ -101,13 +101,13 @@ def test_kernels_match_tvm(weights):
 def test_unsupported_is_a_reason_not_a_crash():
     graph = DataflowGraph.from_module(NearMisses)
     ints, half = SubGraph(graph, S(0)).extract(), SubGraph(graph, S(1)).extract()
-    assert runner.check_candidate(BACKEND, ints, "mkl.dense") == "unsupported: mkl.dense: float32 only: lhs is int32"
-    assert runner.check_candidate(BACKEND, half, "mkl.dense") == "unsupported: mkl.dense: float32 only: lhs is float16"
+    assert check_candidate(BACKEND, ints, "mkl.dense") == "unsupported: mkl.dense: float32 only: lhs is int32"
+    assert check_candidate(BACKEND, half, "mkl.dense") == "unsupported: mkl.dense: float32 only: lhs is float16"
     bcast = SubGraph(graph, S(2)).extract()
-    assert runner.check_candidate(BACKEND, bcast, "mkl.batch_matmul") == (
+    assert check_candidate(BACKEND, bcast, "mkl.batch_matmul") == (
         "unsupported: mkl.batch_matmul: batch matmul needs equal batch dimensions, not (6, 5, 16) @ (1, 16, 5)"
     )
-    assert runner.check_candidate(BACKEND, SubGraph(graph, S(6)).extract(), "mkl.conv2d").startswith(
+    assert check_candidate(BACKEND, SubGraph(graph, S(6)).extract(), "mkl.conv2d").startswith(
         "unsupported: no pattern named 'mkl.conv2d'"
     )
 

@@ -14,7 +14,8 @@ import tvm
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage.measuring import runner
+from collage.measuring.arrays import empty_outputs, mismatch, random_inputs, relative_error, to_tensors
+from collage.measuring.build import check_candidate, compile_kernel, run_kernel, run_reference
 from collage.candidates.backend import GRAPH_LEVEL, Unsupported
 from collage.backends import tensorrt as tensorrt_backend
 from collage.candidates.precision import BFLOAT16, FLOAT32, INT8, bf16_unavailable, int8_unavailable
@@ -114,18 +115,18 @@ class Dense:  # a matmul with a constant weight, as a model's layers are
 def test_onnx_runtime_computes_matmuls_with_constant_weights_in_int8():
     backend = engine("onnxruntime")
     func = DataflowGraph.from_module(Dense).func
-    arrays = runner.random_inputs(func)
-    expected = runner.run_reference(func, arrays)
+    arrays = random_inputs(func)
+    expected = run_reference(func, arrays)
     errors = {}
     for precision in (FLOAT32, INT8):
-        kernel, reason = runner.compile_kernel(backend, func, "onnxruntime.fused", "llvm", 1, precision=precision)
+        kernel, reason = compile_kernel(backend, func, "onnxruntime.fused", "llvm", 1, precision=precision)
         assert reason is None
-        errors[precision] = runner.relative_error(runner.run_kernel(kernel, func, arrays), expected)
+        errors[precision] = relative_error(run_kernel(kernel, func, arrays), expected)
     # Weights and inputs rounded to 8 bits: about a percent off, far from float32's noise.
     assert errors[FLOAT32] < 1e-5 < 1e-3 < errors[INT8] < 5e-2, errors
     nothing_to_quantize = DataflowGraph.from_module(WithUnknownOp)  # its matmul's weight is an input
     (matmul_relu,) = [c for c in generate(nothing_to_quantize, [backend]) if c.subgraph.nodes == {0, 1}]
-    _, reason = runner.compile_kernel(backend, matmul_relu.subgraph.extract(), "onnxruntime.fused", "llvm", 1, precision=INT8)
+    _, reason = compile_kernel(backend, matmul_relu.subgraph.extract(), "onnxruntime.fused", "llvm", 1, precision=INT8)
     assert reason == "unsupported: int8: no matmul with a constant weight to quantize"
 
 
@@ -154,7 +155,7 @@ def test_missing_library_is_a_reason_not_a_crash(name, target, monkeypatch):
     reloaded = importlib.import_module(f"collage.backends.{name}").BACKEND
     assert reloaded.unavailable_reason(target) == f"missing Python module(s): {name}"
     func = DataflowGraph.from_module(WithUnknownOp).func
-    assert runner.check_candidate(reloaded, func, f"{name}.fused", target) == f"missing Python module(s): {name}"
+    assert check_candidate(reloaded, func, f"{name}.fused", target) == f"missing Python module(s): {name}"
 
 
 def test_tensorrt_without_a_gpu_says_so(monkeypatch):
@@ -204,7 +205,7 @@ def test_unknown_operator_excludes_the_candidate_with_its_reason(name, target):
     backend, func = engine(name), DataflowGraph.from_module(WithUnknownOp).func
     with pytest.raises(Unsupported, match="relax.cumprod has no ONNX conversion"):
         backend.compile(func, f"{name}.fused", target, 0)
-    reason = runner.check_candidate(backend, func, f"{name}.fused", target)
+    reason = check_candidate(backend, func, f"{name}.fused", target)
     assert reason == "unsupported: operator relax.cumprod has no ONNX conversion"
 
 
@@ -221,13 +222,13 @@ def test_kernel_reads_and_writes_the_callers_buffers_on_every_call(name, target)
     (matmul_relu,) = [c for c in generate(graph, [backend]) if c.subgraph.nodes == {0, 1}]
     sub = matmul_relu.subgraph.extract()
     kernel = backend.compile(sub, matmul_relu.pattern, target, 0)
-    inputs, outputs = runner.to_tensors(runner.random_inputs(sub)), runner.empty_outputs(sub)
+    inputs, outputs = to_tensors(random_inputs(sub)), empty_outputs(sub)
     for seed in (1, 2):  # the same buffers, new contents
-        arrays = runner.random_inputs(sub, seed)
+        arrays = random_inputs(sub, seed)
         for tensor, array in zip(inputs, arrays):
             tensor.copyfrom(array)
         kernel(*inputs, *outputs)
-        assert runner.mismatch([o.numpy() for o in outputs], runner.run_reference(sub, arrays)) is None
+        assert mismatch([o.numpy() for o in outputs], run_reference(sub, arrays)) is None
 
 
 @pytest.mark.parametrize("name, target", ENGINES)

@@ -3,7 +3,7 @@
 
 import pytest
 
-from collage.measuring import runner
+from collage.measuring.build import check_candidate
 from collage.backends import tvm as tvm_backend
 from collage.candidates.generate import generate
 from collage.model.graph import DataflowGraph
@@ -26,4 +26,4 @@ def test_cuda_target():
         pytest.skip(f"tvm on cuda: {reason}")
     graph = DataflowGraph.from_module(models.load("mlp", small=True).relax)
     for c in generate(graph, [tvm_backend.BACKEND]):
-        assert runner.check_candidate(tvm_backend.BACKEND, c.subgraph.extract(), c.pattern, "cuda") is None
+        assert check_candidate(tvm_backend.BACKEND, c.subgraph.extract(), c.pattern, "cuda") is None

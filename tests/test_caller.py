@@ -14,7 +14,8 @@ from collage.candidates.backend import default_backends
 from collage.candidates.generate import Candidate
 from collage.candidates.subgraph import SubGraph
 from collage.measuring.cost import Cost
-from collage.measuring.runner import build_vm, static_shape
+from collage.measuring.build import build_vm
+from collage.measuring.arrays import static_shape
 from collage.model.graph import DataflowGraph
 from collage.placing.placement import Partition
 from experiments import models

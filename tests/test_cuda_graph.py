@@ -15,7 +15,7 @@ from tvm import relax
 from collage.backends import cublas, cudnn, inductor, tensorrt
 from collage.backends import tvm as tvm_backend
 from collage.candidates.backend import OP_LEVEL, Backend, cuda_graph_blocker
-from collage.measuring import runner
+from collage.measuring.build import compile_module, extern_functions, is_cuda, kernel_backends, module_cuda_graph_blocker, USE_CUDA_GRAPH
 
 KERNEL = "collage_test.library_kernel"
 # An explicit architecture: this machine may have no GPU to read it from.
@@ -62,7 +62,7 @@ def calls(func: relax.Function) -> list[str]:
 
 def lowered(mod: tvm.IRModule, kernels, monkeypatch) -> tvm.IRModule:
     """``mod`` through TVM's CUDA pipeline, up to the VM's code generation, in the
-    PassContext ``runner.compile_module`` sets up for it (read off by standing in for
+    PassContext ``compile_module`` sets up for it (read off by standing in for
     ``tvm.compile``, which would also need nvcc)."""
     seen = {}
 
@@ -73,9 +73,9 @@ def lowered(mod: tvm.IRModule, kernels, monkeypatch) -> tvm.IRModule:
             return relax.get_default_pipeline(target)(mod)
 
     monkeypatch.setattr(tvm, "compile", compile_stand_in)
-    result = runner.compile_module(mod, SM90, kernels)
-    graphs = bool(seen["config"].get(runner.USE_CUDA_GRAPH, False))
-    assert graphs == (runner.module_cuda_graph_blocker(mod, kernels) is None)
+    result = compile_module(mod, SM90, kernels)
+    graphs = bool(seen["config"].get(USE_CUDA_GRAPH, False))
+    assert graphs == (module_cuda_graph_blocker(mod, kernels) is None)
     return result
 
 
@@ -92,11 +92,11 @@ def test_the_gpu_libraries_are_graph_safe_and_tensorrt_is_not():
 
 def test_a_module_is_captured_only_when_every_kernel_it_calls_is_graph_safe():
     mod = between_tvm_ops()
-    assert runner.extern_functions(mod) == {KERNEL}
-    assert runner.module_cuda_graph_blocker(mod, {KERNEL: cudnn.BACKEND}) is None
-    assert runner.module_cuda_graph_blocker(mod, {KERNEL: tensorrt.BACKEND}).startswith("tensorrt does not declare")
-    assert runner.module_cuda_graph_blocker(mod) == f"it calls {KERNEL!r}, which no backend declares graph-safe"
-    assert runner.is_cuda("cuda") and runner.is_cuda(SM90) and not runner.is_cuda("llvm")
+    assert extern_functions(mod) == {KERNEL}
+    assert module_cuda_graph_blocker(mod, {KERNEL: cudnn.BACKEND}) is None
+    assert module_cuda_graph_blocker(mod, {KERNEL: tensorrt.BACKEND}).startswith("tensorrt does not declare")
+    assert module_cuda_graph_blocker(mod) == f"it calls {KERNEL!r}, which no backend declares graph-safe"
+    assert is_cuda("cuda") and is_cuda(SM90) and not is_cuda("llvm")
 
 
 def test_kernel_backends_of_an_assembly():
@@ -106,7 +106,7 @@ def test_kernel_backends_of_an_assembly():
     class Assembly:
         kernels = [(Part(), "collage_0.1.cudnn", None)]
 
-    assert runner.kernel_backends(Assembly(), {"cudnn": cudnn.BACKEND}) == {"collage_0.1.cudnn": cudnn.BACKEND}
+    assert kernel_backends(Assembly(), {"cudnn": cudnn.BACKEND}) == {"collage_0.1.cudnn": cudnn.BACKEND}
 
 
 # ------------------------------------------------------------------ TVM's pass, on the CPU
@@ -129,14 +129,14 @@ def test_a_kernel_not_graph_safe_leaves_the_module_without_graphs(monkeypatch):
 
 
 def test_a_cpu_module_is_compiled_as_before():
-    assert runner.module_cuda_graph_blocker(between_tvm_ops()) is not None  # and llvm never asks
-    ex = runner.compile_module(tvm.IRModule({"main": between_tvm_ops()["main"]}), "llvm", {KERNEL: graph_safe()})
+    assert module_cuda_graph_blocker(between_tvm_ops()) is not None  # and llvm never asks
+    ex = compile_module(tvm.IRModule({"main": between_tvm_ops()["main"]}), "llvm", {KERNEL: graph_safe()})
     assert "cuda_graph" not in ex.as_text()
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc: TVM cannot build CUDA kernels here")
 def test_the_compiled_vm_code_calls_the_kernel_inside_the_graph():
-    text = runner.compile_module(between_tvm_ops(), SM90, {KERNEL: cublas.BACKEND}).as_text()
+    text = compile_module(between_tvm_ops(), SM90, {KERNEL: cublas.BACKEND}).as_text()
     sections = {part.split(":", 1)[0]: part for part in ("\n" + text).split("\n@")}
     assert f"call  {KERNEL}" in sections["main_cuda_graph_capture"]
     assert KERNEL not in sections["main"] and "vm.builtin.cuda_graph.run_or_capture" in sections["main"]
@@ -215,7 +215,7 @@ def test_captured_library_kernel_replays_on_tvm_stream():
 
     tvm.register_global_func(KERNEL, on_tvm_stream(kernel), override=True)
     try:
-        vm = relax.VirtualMachine(runner.compile_module(between_tvm_ops(), "cuda", {KERNEL: cublas.BACKEND}), tvm.cuda())
+        vm = relax.VirtualMachine(compile_module(between_tvm_ops(), "cuda", {KERNEL: cublas.BACKEND}), tvm.cuda())
         rng = np.random.default_rng(0)
         for _ in range(3):
             x = rng.standard_normal((4, 8)).astype("float32")

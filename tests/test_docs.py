@@ -8,7 +8,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import collage
-from collage.measuring import runner
+from collage.measuring.build import check_candidate
 from collage.candidates.generate import generate
 from collage.model.graph import DataflowGraph
 
@@ -49,7 +49,7 @@ def test_backend_example_registers_matches_and_runs():
     assert [sorted(c.subgraph.nodes) for c in cands] == [[0, 1], [2, 3]]
     for cand in cands:  # one with the weight as an input, one with it as a constant
         func = cand.subgraph.extract()
-        assert runner.check_candidate(backend, func, cand.pattern) is None
+        assert check_candidate(backend, func, cand.pattern) is None
 
 
 def test_readme_examples_optimize_export_load_and_compile(capsys, tmp_path, monkeypatch):

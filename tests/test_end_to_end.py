@@ -9,7 +9,8 @@ from collage.measuring.cost_log import CostLog
 from collage.placing.end_to_end import EndToEnd, placement_name
 from collage.model.graph import DataflowGraph
 from collage.placing.placement import Partition
-from collage.measuring.runner import random_inputs, run_reference
+from collage.measuring.arrays import random_inputs
+from collage.measuring.build import run_reference
 from collage.candidates.subgraph import SubGraph
 from collage.measuring.timing import Timing
 from tests.backends_for_tests import CANNOT_COMPILE, NUMPY, RAISES_WHEN_RUN, WRONG, CompilesOnlyOnce

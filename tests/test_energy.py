@@ -100,7 +100,7 @@ def _bottleneck():
 
 
 def test_optimize_for_energy_measures_energy_and_searches_with_it(tmp_path):
-    from collage.measuring.isolation import InProcess
+    from collage.measuring.runner import InProcess
 
     mod = _bottleneck()
     opt = collage.optimize(mod, backends=["tvm"], cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False,

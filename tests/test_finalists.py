@@ -26,7 +26,7 @@ from collage.model.graph import DataflowGraph
 from collage.placing.placement import Partition
 from collage.deploying.report import dominant_tvm_ops
 from collage.candidates.subgraph import SubGraph
-from collage.measuring.runner import build_vm
+from collage.measuring.build import build_vm
 from collage.measuring.timing import Protocol, Timing
 from collage.record import FinalistKind, FinalistName
 from experiments import models
@@ -270,7 +270,7 @@ def test_finalists_are_timed_again_while_another_process_keeps_a_core_busy():
 def test_a_whole_model_engine_is_called_without_the_vm_and_a_mixed_placement_through_it():
     from collage.assembling.assemble import assemble, bound_main
     from collage.placing.engine_alone import from_onnx_file
-    from collage.measuring.runner import numpy_outputs, to_tensors
+    from collage.measuring.arrays import numpy_outputs, to_tensors
 
     w = models.load("mlp")
     graph = DataflowGraph(w.relax["main"])

@@ -19,7 +19,7 @@ import collage
 from collage.cli import main
 from collage.measuring.cost import Cost, Device, cpu_info
 from collage.measuring.cost_log import CostLog
-from collage.measuring.isolation import MeasureResult, MeasureTask
+from collage.measuring.runner import MeasureResult, MeasureTask
 from collage.measuring.rpc_runner import FleetError, RPCRunner
 from collage.measuring.server import measure_remote
 from collage.measuring.timing import Timing
@@ -34,7 +34,7 @@ from collage.candidates.subgraph import SubGraph
 from collage.deploying.saved import PlacementWarning
 from collage.errors import OptimizeError
 from collage.model.graph import DataflowGraph
-from collage.measuring.runner import build_vm
+from collage.measuring.build import build_vm
 from collage.placing import elsewhere
 from collage.placing.finalists import Finalist
 from collage.placing.placement import Partition, Placement, tvm_op

@@ -1,5 +1,5 @@
 """Relax -> torch.fx, operator by operator: each converted module, run by PyTorch eagerly,
-matches TVM's default pipeline on the same tiny function (``runner.mismatch`` tolerances),
+matches TVM's default pipeline on the same tiny function (``mismatch`` tolerances),
 on the ONNX conversion's cases; whole zoo models too; what does not convert says why."""
 
 import functools
@@ -11,7 +11,8 @@ from tvm import relax
 
 from collage.candidates.backend import Unsupported
 from collage.candidates.fx_convert import CONVERTERS, supports, to_fx
-from collage.measuring import runner
+from collage.measuring.arrays import mismatch, random_inputs
+from collage.measuring.build import run_reference
 from collage.model.graph import DataflowGraph
 from experiments import models
 from tests.test_onnx_convert import CASES, IMG, X, function, t
@@ -51,12 +52,12 @@ CONVERTED = [(name, f) for name, f in CASES + FX_CASES if converts(f)]
 
 @pytest.mark.parametrize("func", [f for _, f in CONVERTED], ids=[name for name, _ in CONVERTED])
 def test_operator_matches_tvm(func):
-    arrays = runner.random_inputs(func)
+    arrays = random_inputs(func)
     if "take" in str(func) or "gather" in str(func):  # indices within the axis
         arrays = [a % 3 if a.dtype.kind == "i" else a for a in arrays]
     if any(a.dtype.kind == "f" for a in arrays) and "batch_norm" in str(func):
         arrays[-1] = np.abs(arrays[-1]) + 0.5  # a variance
-    assert runner.mismatch(run_fx(func, arrays), runner.run_reference(func, arrays)) is None
+    assert mismatch(run_fx(func, arrays), run_reference(func, arrays)) is None
 
 
 def test_every_converter_is_tested():
@@ -81,7 +82,7 @@ def zoo_module(name):
 @pytest.mark.parametrize("name", ["mlp", "resnet50", "mobilenet_v2", "bert", "vit", "gpt2", "convnext"])
 def test_whole_zoo_model_matches_tvm(name):
     func = zoo_module(name)["main"]
-    arrays = runner.random_inputs(func)
+    arrays = random_inputs(func)
     graph = DataflowGraph(func)
     assert {node.op: why for node in graph if (why := supports(graph, node))} == {}
-    assert runner.mismatch(run_fx(func, arrays), runner.run_reference(func, arrays)) is None
+    assert mismatch(run_fx(func, arrays), run_reference(func, arrays)) is None

@@ -11,7 +11,8 @@ from collage.measuring.cost import Cost
 from collage.config import Config
 from collage.measuring.cost_log import CostLog
 from collage.model.graph import DataflowGraph
-from collage.measuring.isolation import InProcess, MeasureTask, WorkerProcess
+from collage.measuring.runner import InProcess, MeasureTask
+from collage.measuring.isolation import WorkerProcess
 from collage.measuring.measure import Measurer
 from collage.measuring.timing import Protocol, Timing, time_call, time_contenders
 from collage.measuring.transition import measure_transition
@@ -176,13 +177,13 @@ def test_candidates_run_on_the_values_the_model_computes_with_no_reference_compi
     import numpy as np
     import tvm_ffi
 
-    from collage.measuring import isolation
-    from collage.measuring.runner import random_inputs
+    from collage.measuring import runner
+    from collage.measuring.arrays import random_inputs
 
     def no_reference(*args):
         raise AssertionError("a sub-graph's reference was compiled on its own")
 
-    monkeypatch.setattr(isolation, "run_reference", no_reference)
+    monkeypatch.setattr(runner, "run_reference", no_reference)
     graph = DataflowGraph.from_module(Unary)
     recording = Recording()
     m = measurer(tmp_path, NUMPY, WRONG, runner=recording)
@@ -291,7 +292,7 @@ def test_a_task_travels_as_text_and_arrays_and_arrives_whole():
     import numpy as np
     import tvm_ffi
 
-    from collage.measuring.isolation import MeasureTask, weights_out
+    from collage.measuring.runner import MeasureTask, weights_out
 
     w = np.arange(64 * 64, dtype="float32").reshape(64, 64)
 

@@ -1,5 +1,5 @@
 """Relax -> ONNX, operator by operator: each converter's model, run in ONNX Runtime, matches
-TVM's default pipeline on the same tiny function (``runner.mismatch`` tolerances). Every
+TVM's default pipeline on the same tiny function (``mismatch`` tolerances). Every
 operator of every zoo model converts, and what does not convert says why."""
 
 import functools
@@ -11,7 +11,8 @@ import pytest
 from onnx import numpy_helper
 from tvm import relax
 
-from collage.measuring import runner
+from collage.measuring.arrays import mismatch, random_inputs, to_tensors
+from collage.measuring.build import run_reference
 from collage.candidates.backend import Unsupported
 from collage.model.graph import DataflowGraph
 from collage.candidates.onnx_convert import CONVERTERS, IR_VERSION, OPSET, supports, to_onnx
@@ -295,8 +296,8 @@ CASES = [
 
 @pytest.mark.parametrize("func", [f for _, f in CASES], ids=[name for name, _ in CASES])
 def test_operator_matches_tvm(func):
-    arrays = runner.random_inputs(func)
-    assert runner.mismatch(run_onnx(func, arrays), runner.run_reference(func, arrays)) is None
+    arrays = random_inputs(func)
+    assert mismatch(run_onnx(func, arrays), run_reference(func, arrays)) is None
 
 
 def test_every_converter_is_tested():
@@ -349,14 +350,14 @@ def test_hard_activations_become_onnx_operators_where_they_match(make, fused):
     if fused:
         assert {n.op_type for n in model.graph.node} == fused | {"Identity"}
         assert [i.name for i in model.graph.initializer] == []  # the fused constants are gone
-    arrays = [runner.random_inputs(func)[0] * 4]
-    expected = runner.run_reference(func, arrays)
-    assert runner.mismatch(run_onnx(func, arrays), expected) is None
+    arrays = [random_inputs(func)[0] * 4]
+    expected = run_reference(func, arrays)
+    assert mismatch(run_onnx(func, arrays), expected) is None
     from collage.backends.openvino import compile_onnx  # the other engine reading these operators
 
-    outputs = runner.to_tensors([np.empty_like(expected[0])])
-    compile_onnx(model, "llvm", 0)(*runner.to_tensors(arrays), *outputs)
-    assert runner.mismatch([outputs[0].numpy()], expected) is None
+    outputs = to_tensors([np.empty_like(expected[0])])
+    compile_onnx(model, "llvm", 0)(*to_tensors(arrays), *outputs)
+    assert mismatch([outputs[0].numpy()], expected) is None
 
 
 def _l2_norm(x):  # torch.norm over the spatial axes, as PyTorch's importer spells it out
@@ -375,14 +376,14 @@ def test_the_engines_fuse_what_the_conversion_writes_as_the_exporter_does(make, 
     model = to_onnx(func)
     optimized = set(onnxruntime_ops(model, threads=2))
     assert fused in optimized and not optimized & gone
-    arrays = runner.random_inputs(func)
-    expected = runner.run_reference(func, arrays)
-    assert runner.mismatch(run_onnx(func, arrays), expected) is None
+    arrays = random_inputs(func)
+    expected = run_reference(func, arrays)
+    assert mismatch(run_onnx(func, arrays), expected) is None
     from collage.backends.openvino import compile_onnx
 
-    outputs = runner.to_tensors([np.empty_like(expected[0])])
-    compile_onnx(model, "llvm", 0)(*runner.to_tensors(arrays), *outputs)
-    assert runner.mismatch([outputs[0].numpy()], expected) is None
+    outputs = to_tensors([np.empty_like(expected[0])])
+    compile_onnx(model, "llvm", 0)(*to_tensors(arrays), *outputs)
+    assert mismatch([outputs[0].numpy()], expected) is None
 
 
 def test_a_sum_of_squares_read_elsewhere_is_no_l2_norm():
@@ -392,8 +393,8 @@ def test_a_sum_of_squares_read_elsewhere_is_no_l2_norm():
 
     func = function(norm_and_sum, IMG)
     assert "ReduceL2" not in {n.op_type for n in to_onnx(func).graph.node}
-    arrays = runner.random_inputs(func)
-    assert runner.mismatch(run_onnx(func, arrays), runner.run_reference(func, arrays)) is None
+    arrays = random_inputs(func)
+    assert mismatch(run_onnx(func, arrays), run_reference(func, arrays)) is None
 
 
 # ------------------------------------------------------------------ what does not convert
@@ -478,5 +479,5 @@ def test_every_zoo_operator_converts(name):
 @pytest.mark.parametrize("name", ["mlp", "squeezenet", "dcgan"])
 def test_whole_zoo_model_matches_tvm(name):
     func = zoo_module(name)["main"]
-    arrays = runner.random_inputs(func)
-    assert runner.mismatch(run_onnx(func, arrays), runner.run_reference(func, arrays)) is None
+    arrays = random_inputs(func)
+    assert mismatch(run_onnx(func, arrays), run_reference(func, arrays)) is None

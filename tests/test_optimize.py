@@ -12,7 +12,8 @@ import collage
 from collage.candidates.backend import BackendSet, default_backends
 from collage.measuring.cost import Cost
 from collage.measuring.cost_log import CostLog
-from collage.measuring.isolation import InProcess, WorkerProcess
+from collage.measuring.runner import InProcess
+from collage.measuring.isolation import WorkerProcess
 from collage.record import OP_LEVEL, SUBSTITUTED, FinalistKind, FinalistName
 from collage.measuring.timing import Timing
 from experiments import models

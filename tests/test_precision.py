@@ -16,14 +16,14 @@ from collage.candidates.subgraph import SubGraph
 from collage.config import Config
 from collage.deploying.saved import placement_record
 from collage.measuring.cost import Cost
-from collage.measuring.runner import numpy_outputs, to_tensors
+from collage.measuring.arrays import numpy_outputs, to_tensors
 from collage.model.graph import DataflowGraph
 from collage.placing.placement import Partition, Placement, tvm_op
 from collage.candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable
 from collage.measuring.cost import cpu_info
 from collage.measuring.cost_log import CostLog
-from collage.measuring.isolation import InProcess
-from collage.measuring.runner import relative_error
+from collage.measuring.runner import InProcess
+from collage.measuring.arrays import relative_error
 from collage.measuring.timing import Timing
 from collage.record import FinalistKind, FinalistName
 from experiments import models

@@ -1,9 +1,9 @@
-"""What "matches TVM" means (runner.mismatch), and the inputs candidates are checked on."""
+"""What "matches TVM" means (arrays.mismatch), and the inputs candidates are checked on."""
 
 import numpy as np
 from tvm import relax
 
-from collage.measuring.runner import mismatch, random_inputs
+from collage.measuring.arrays import mismatch, random_inputs
 
 
 # -- what "matches" means --
@@ -49,7 +49,7 @@ def test_a_scalar_input_keeps_its_shape():
 
 def test_multiply_adds_count_convolutions_and_products():
     # Heavy models get their values from optimized code (``OPTIMIZED_VALUES_MACS``).
-    from collage.measuring.runner import multiply_adds
+    from collage.measuring.build import multiply_adds
     from collage.model.graph import DataflowGraph
 
     bb = relax.BlockBuilder()

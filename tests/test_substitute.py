@@ -12,7 +12,7 @@ from tvm import relax
 
 from collage.placing import substitute
 from collage.model.graph import DataflowGraph
-from collage.measuring.runner import build_vm
+from collage.measuring.build import build_vm
 
 RNG = np.random.default_rng(0)
 

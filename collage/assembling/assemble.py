@@ -31,7 +31,8 @@ from tvm import relax
 from ..candidates.backend import REFERENCE_BACKEND, BackendSet
 from ..candidates.precision import FLOAT32
 from ..candidates.subgraph import Remap, SubGraph
-from ..measuring.runner import compile_kernel, static_shape
+from ..measuring.build import compile_kernel
+from ..measuring.arrays import static_shape
 from ..model.graph import CALLEES_ATTR, DataflowGraph
 from ..placing.placement import Partition
 
@@ -41,7 +42,7 @@ _assembly_ids = itertools.count()
 @dataclass(frozen=True)
 class KernelSource:
     """What one kernel outside TVM was compiled from: a sub-graph of the model (compiled by
-    ``runner.compile_kernel``), or an ONNX model an engine runs whole (``onnx_model``, by
+    ``build.compile_kernel``), or an ONNX model an engine runs whole (``onnx_model``, by
     ``Backend.compile_onnx``). ``alone``: compiled with the engine's users' own settings;
     ``precision``: the number format it computes in."""
 

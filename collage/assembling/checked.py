@@ -9,7 +9,8 @@ import math
 from ..candidates.backend import BackendSet
 from ..candidates.precision import FLOAT32, reduced
 from ..errors import OptimizeError
-from ..measuring.runner import build_vm, device_for, kernel_backends, mismatch, numpy_outputs, run_kernel, to_tensors
+from ..measuring.build import build_vm, device_for, kernel_backends, run_kernel
+from ..measuring.arrays import mismatch, numpy_outputs, to_tensors
 from ..placing.end_to_end import wrong_result
 from ..placing.finalists import Finalist
 from ..placing.placement import Partition, Placement, tvm_op

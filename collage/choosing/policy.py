@@ -21,7 +21,8 @@ from ..candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable, reduced,
 from ..config import Config
 from ..errors import OptimizeError
 from ..measuring.cost import cpu_info
-from ..measuring.runner import device_for, numpy_outputs, relative_error, to_tensors
+from ..measuring.build import device_for
+from ..measuring.arrays import numpy_outputs, relative_error, to_tensors
 from ..model.prepare import Model
 from ..placing.engine_alone import EngineAloneFailed, checked_on_file
 from ..placing.finalists import Finalist

@@ -20,7 +20,7 @@ from pathlib import Path
 from tvm import relax
 
 from ..candidates.precision import FLOAT32, short
-from ..measuring.runner import static_shape
+from ..measuring.arrays import static_shape
 from ..model.graph import DataflowGraph
 from .report import backend_totals, short_op
 

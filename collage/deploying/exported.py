@@ -45,8 +45,8 @@ from ..candidates.backend import Backend, BackendSet, default_backends, installe
 from ..candidates.onnx_convert import to_onnx
 from ..candidates.precision import FLOAT32
 from ..measuring.cost import Device
-from ..measuring.runner import (compile_kernel, compile_module, compile_onnx_kernel, device_for,
-                                random_array, static_shape, to_tensors)
+from ..measuring.build import compile_kernel, compile_module, compile_onnx_kernel, device_for
+from ..measuring.arrays import random_array, static_shape, to_tensors
 from ..measuring.threads import pin_threads
 from .saved import placement_record
 
@@ -83,7 +83,7 @@ def export(opt, path: str | os.PathLike) -> Path:
         source = assembly.sources[name]
         onnx_model = source.onnx_model
         if onnx_model is None and source.alone and _reads_onnx(source.backend):
-            onnx_model = to_onnx(source.subgraph.extract())  # what runner.compile_kernel compiled it from
+            onnx_model = to_onnx(source.subgraph.extract())  # what build.compile_kernel compiled it from
         if onnx_model is not None:
             file = f"{KERNELS}/{k}.onnx"
             (path / file).write_bytes(onnx_model.SerializeToString())
@@ -159,7 +159,7 @@ class ExportedModule:
         return Caller(self.vm, signature, device_for(self.target), self.main_function, self.kernels)
 
     def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Inputs of the right shapes and types, drawn as ``runner.random_inputs`` draws them
+        """Inputs of the right shapes and types, drawn as ``arrays.random_inputs`` draws them
         (the manifest does not say which operators each feeds: floats are normal)."""
         rng = np.random.default_rng(seed)
         return [random_array(rng, tuple(i["shape"]), i["dtype"]) for i in self.manifest["inputs"]]

@@ -10,7 +10,8 @@ from tvm import relax
 from ..assembling.assemble import Assembly, bound_main
 from ..assembling.caller import Caller
 from ..measuring.cost import Cost, Device
-from ..measuring.runner import device_for, static_shape
+from ..measuring.build import device_for
+from ..measuring.arrays import static_shape
 from ..model.simplify import SimplifyReport
 from ..placing.placement import Partition
 from ..record import RunRecord

@@ -1,27 +1,17 @@
-"""Where one candidate is measured: in this process, or in a worker process that may die.
+"""The local runner: candidates measured in a worker process that may die.
 
 A library that segfaults, aborts, hangs or runs out of memory on one sub-graph must cost that
 candidate, not the optimization. So, as TVM meta-schedule's runners do, candidates are
-compiled, checked and timed in a worker process; the optimizing process waits with a deadline.
-A worker that dies or overruns is killed, its candidate becomes ``Cost.invalid(reason)`` (the
-signal, or the timeout, and the last line the worker wrote), and the next candidate gets a
-fresh worker.
-
-A ``MeasureRunner`` is one small interface, ``run(task) -> MeasureResult``,
-``run_batch(tasks)`` for candidates of a backend that compiles several at once
-(``Backend.compile_many``), and ``run_all(works, on_result)`` for many of either, which a
-runner with several machines measures at once; ``InProcess`` and ``WorkerProcess``
-implement it one work after another, and ``rpc_runner.RPCRunner`` on a fleet of measuring
-servers. A ``MeasureTask`` travels to the worker as data: the sub-graph function as TVM's
-JSON text (weights as arrays beside it), the backend record (its functions pickled by
-reference to their modules), the reference outputs as arrays; never a compiled kernel. To
-another machine it travels without the backend record (``wire``).
+compiled, checked and timed in a worker process (``serve``, which calls the runner
+interface's ``measure``); the optimizing process waits with a deadline. A worker that dies
+or overruns is killed, its candidate becomes ``Cost.invalid(reason)`` (the signal, or the
+timeout, and the last line the worker wrote), and the next candidate gets a fresh worker.
+Tasks and results cross the pipes as length-framed pickles.
 """
 
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import select
 import signal
@@ -31,216 +21,25 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass
 
-import numpy as np
-import tvm
-from tvm import relax
-
-from ..candidates.backend import REFERENCE_BACKEND, Backend
-from ..candidates.precision import FLOAT32
-from ..candidates.subgraph import is_tensor_constant
+from ..errors import first_line
 from .cost import Cost
-from .meters import EnergyMeter
-from .runner import (compile_kernel, device_for, empty_outputs, first_line, is_cuda, mismatch, random_inputs,
-                     relative_error, run_reference, synchronized, to_tensors)
+from .runner import in_turn, measure, measure_batch, MeasureResult, MeasureTask, Work
 from .threads import pin_threads
-from .timing import Timing, time_call, time_captured
 from .transition import TransitionTask
 
 # Long enough for the largest candidates of the zoo (an engine compiling a 150-op region takes
 # seconds, TVM compiling one large convolution without tuning about as long); a hang costs this.
 TIMEOUT_S = 300.0
+
+
 # The worker's command line: not ``-m collage.measuring.isolation``, which runs this module a second time
 # after the package imported it.
 WORKER_MAIN = "import sys; from collage.measuring.isolation import serve; serve(*map(int, sys.argv[1:]))"
+
+
 STARTUP_S = 120.0  # a worker imports TVM and torch: about 4 s on the 2-core development machines
-
-
-@relax.expr_functor.mutator
-class _WeightsOut(relax.PyExprMutator):
-    """Replaces each tensor constant with a new variable, keeping the arrays in order."""
-
-    def __init__(self):
-        super().__init__()
-        self.vars: list[relax.Var] = []
-        self.arrays: list[np.ndarray] = []
-
-    def visit_generic_const_(self, op):
-        if not is_tensor_constant(op):
-            return op  # a scalar: it stays in the text
-        self.vars.append(relax.Var(f"collage_weight_{len(self.vars)}", op.ty))
-        self.arrays.append(op.value.numpy())
-        return self.vars[-1]
-
-
-def weights_out(func: relax.Function) -> tuple[relax.Function, list[np.ndarray]]:
-    """``func`` with its tensor constants as trailing parameters, and their values: TVM's JSON
-    writes weights as base64 text, ten times slower to write and read than the arrays
-    themselves (ResNet-50's candidates: 23 s against 2.3 s)."""
-    mutator = _WeightsOut()
-    body = mutator.visit_expr(func.body)
-    lifted = relax.Function(list(func.params) + mutator.vars, body, func.ret_ty, func.is_pure, func.attrs)
-    return lifted, mutator.arrays
-
-
-def weights_in(lifted: relax.Function, arrays: list[np.ndarray]) -> relax.Function:
-    """The inverse of ``weights_out``: the trailing parameters bound to the arrays, each as a
-    tensor of its own dtype (bound as a numpy array, an int64 constant came back int32: a
-    fleet server then refused Swin's placements as made for another model)."""
-    first = len(lifted.params) - len(arrays)
-    return lifted.bind_params({lifted.params[first + k]: tvm.runtime.tensor(a) for k, a in enumerate(arrays)})
-
-
-@dataclass(frozen=True)
-class MeasureTask:
-    """One candidate to measure: ``func`` (the extracted sub-graph, sent as TVM's JSON with its
-    weights as arrays beside it) on ``backend`` by ``pattern``, compiled for ``target`` on
-    ``threads`` threads, on ``inputs`` (None: drawn
-    with ``seed``), checked against ``reference`` (TVM's outputs for the same sub-graph and
-    inputs; None when not known yet: the task computes it), in ``precision``: a reduced one is
-    checked within ``rtol`` (the accuracy budget) instead of float32's tolerance."""
-
-    backend: Backend
-    func: relax.Function
-    pattern: str
-    target: str
-    threads: int
-    seed: int
-    timing: Timing
-    reference: list[np.ndarray] | None = None
-    meter: EnergyMeter | None = None  # also measure each call's energy (collage.measuring.meters)
-    inputs: list[np.ndarray] | None = None
-    precision: str = FLOAT32
-    rtol: float | None = None
-
-    def __reduce__(self):
-        # The function as TVM's JSON, its weights as arrays beside it.
-        return _task, (self.backend, *weights_out(self.func), self.pattern, self.target, self.threads, self.seed, self.timing,
-                       self.reference, self.meter, self.inputs, self.precision, self.rtol)  # fmt: skip
-
-
-def _task(backend, lifted, weights, pattern, target, threads, seed, timing, reference, meter, inputs, precision,
-          rtol) -> MeasureTask:
-    return MeasureTask(backend, weights_in(lifted, weights), pattern, target, threads, seed, timing, reference, meter,
-                       inputs, precision, rtol)
-
-
-@dataclass(frozen=True)
-class MeasureResult:
-    """The candidate's cost, and TVM's outputs for its sub-graph when the task had none and
-    drew its inputs from its seed (the candidate's own when it is TVM's, else a reference
-    run's) so later tasks are checked against them. ``timed_out``: the candidate overran the
-    runner's deadline, which a busy machine can cause as well as a hanging library, so its
-    failure is not for keeping."""
-
-    cost: Cost
-    reference: list[np.ndarray] | None = None
-    timed_out: bool = False
-
-
-# What a runner measures: one candidate, a backend's transition, or a batch of candidates.
-Work = MeasureTask | TransitionTask | list[MeasureTask]
-
-
-class MeasureRunner(Protocol):
-    def run(self, task: MeasureTask | TransitionTask) -> MeasureResult: ...
-
-    def run_batch(self, tasks: list[MeasureTask]) -> list[MeasureResult]: ...
-
-    def run_all(self, works: list[Work], on_result: Callable[[int, MeasureResult | list[MeasureResult]], None]) -> None:
-        """Measure every work, calling ``on_result(index, result)`` in the calling thread as
-        each is done (in any order)."""
-
-
-def in_turn(runner: MeasureRunner, works: list[Work], on_result) -> None:
-    """``run_all`` for a runner that measures one work at a time."""
-    for index, work in enumerate(works):
-        on_result(index, runner.run_batch(work) if isinstance(work, list) else runner.run(work))
-
-
-def measure(task: MeasureTask, kernel=None) -> MeasureResult:
-    """Compile (unless ``kernel`` is given), check and time one candidate (or measure a
-    transition), in whichever process calls it; never raises."""
-    if isinstance(task, TransitionTask):
-        try:
-            return MeasureResult(task.measure())
-        except Exception as err:  # noqa: BLE001 -- a probe that fails costs the transition only
-            return MeasureResult(Cost.invalid(f"transition probe failed: {type(err).__name__}: {first_line(err)}"))
-    backend, func = task.backend, task.func
-    try:
-        arrays = random_inputs(func, task.seed) if task.inputs is None else task.inputs
-    except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
-        return MeasureResult(Cost.invalid(str(err)))
-    if kernel is None:
-        kernel, reason = compile_kernel(backend, func, task.pattern, task.target, task.threads, precision=task.precision)
-        if reason is not None:
-            return MeasureResult(Cost.invalid(reason))
-    reference = task.reference
-    device = device_for(task.target)
-    inputs, outputs = to_tensors(arrays, device), empty_outputs(func, device)
-    try:
-        kernel(*inputs, *outputs)
-        actual = [o.numpy() for o in outputs]
-        if reference is None:
-            reference = actual if backend.name == REFERENCE_BACKEND else run_reference(func, arrays)
-        # A reference found for inputs drawn here serves later tasks of the same sub-graph; one
-        # for the caller's inputs (a model's own values) the caller holds already.
-        found = reference if task.reference is None and task.inputs is None else None
-        problem = mismatch(actual, reference, task.rtol)
-        if problem is not None:
-            return MeasureResult(Cost.invalid(f"wrong result: {problem}"), found)
-        # A reduced precision's own error is kept with its cost (float32's is noise).
-        error = None if task.precision == FLOAT32 else relative_error(actual, reference)
-        cost = _time(kernel, inputs, outputs, task)
-        return MeasureResult(cost if error is None or not cost.is_valid else replace(cost, error=error), found)
-    except Exception as err:
-        return MeasureResult(Cost.invalid(f"run failed: {type(err).__name__}: {first_line(err)}"))
-
-
-def _time(kernel, inputs, outputs, task: MeasureTask) -> Cost:
-    """The kernel timed as it will run: by itself where it can time itself without Python
-    (TVM's VM), inside a CUDA graph where it is a graph-safe library kernel on the GPU (as
-    an assembled module replays it), else as Python calls (on the GPU, each then waited for)."""
-    call = lambda: kernel(*inputs, *outputs)  # noqa: E731
-    timer = getattr(kernel, "time_ms", None)
-    if timer is not None:
-        return timer(inputs, task.timing, task.meter)
-    if is_cuda(task.target) and task.backend.graph_safe:
-        try:
-            return time_captured(call, task.timing, task.meter)
-        except Exception as err:  # noqa: BLE001 -- not capturable here: timed as Python calls instead
-            logging.getLogger(__name__).warning("%s: timed without a CUDA graph, capture failed: %s: %s",
-                                                task.pattern, type(err).__name__, first_line(err))  # fmt: skip
-    return time_call(synchronized(call, task.target), task.timing, task.meter)
-
-
-def measure_batch(tasks: list[MeasureTask]) -> list[MeasureResult]:
-    """Tasks of one backend compiled together (``Backend.compile_many``), then each checked
-    and timed as ``measure`` would; where the batch does not compile (one sub-graph the
-    library rejects fails them all), each is measured alone. Never raises."""
-    backend, target, threads = tasks[0].backend, tasks[0].target, tasks[0].threads
-    try:
-        kernels = backend.compile_many([t.func for t in tasks], [t.pattern for t in tasks], target, threads)
-    except Exception:  # noqa: BLE001 -- compiled one by one, each failure gets its own reason
-        return [measure(t) for t in tasks]
-    return [measure(t, kernel) for t, kernel in zip(tasks, kernels)]
-
-
-class InProcess:
-    """Measures in the calling process: no start-up and no copies, but a library that crashes
-    ends the optimization. For trusted backends, and for backends whose state must be seen by
-    the caller."""
-
-    def run(self, task: MeasureTask | TransitionTask) -> MeasureResult:
-        return measure(task)
-
-    def run_batch(self, tasks: list[MeasureTask]) -> list[MeasureResult]:
-        return measure_batch(tasks)
-
-    def run_all(self, works: list[Work], on_result) -> None:
-        in_turn(self, works, on_result)
 
 
 class WorkerProcess:
@@ -372,10 +171,6 @@ def shared_worker(threads: int) -> WorkerProcess:
             atexit.register(lambda: [w.close() for w in _shared.values()])
         _shared[threads] = WorkerProcess(threads)
     return _shared[threads]
-
-
-# -- the wire: a length, then a pickle (cloudpickle, so test-only backends defined in a function
-# travel too); functions of importable modules travel by name.
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,10 @@ from ..candidates.precision import FLOAT32
 from ..config import Config
 from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
-from .isolation import MeasureResult, MeasureTask, shared_worker
+from .runner import MeasureResult, MeasureTask
+from .isolation import shared_worker
 from .meters import EnergyMeter
-from .runner import intermediate_values
+from .build import intermediate_values
 from .transition import TransitionTask
 
 TRANSITION = "transition"  # the pattern name of the transition-cost row in the log

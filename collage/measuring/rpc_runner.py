@@ -2,7 +2,7 @@
 
 TVM's own tuning measures where the model will run: ``rpc_server``s register with an RPC
 tracker under a device key, and a runner asks the tracker for a free one. ``RPCRunner`` is
-that runner for collage's candidates (``isolation.MeasureRunner``), the servers being
+that runner for collage's candidates (``runner.MeasureRunner``), the servers being
 ``collage serve`` (``server``). The tracker does the scheduling; the runner only keeps one
 session open per server it was given and feeds each session the next work as the last
 comes back, so N servers measure N works at once.
@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 from ..errors import OptimizeError
 from .cost import Cost
-from .isolation import TIMEOUT_S, MeasureResult, Work
-from .runner import first_line
+from .isolation import TIMEOUT_S
+from .runner import MeasureResult, Work
+from ..errors import first_line
 from .wire import ServerDevice, decode_results, encode
 
 # A work may have been what killed its server; after this many servers lost on it, it fails.

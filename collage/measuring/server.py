@@ -27,8 +27,9 @@ import tvm
 
 from ..candidates.backend import default_backends
 from .cost import Cost
-from .isolation import MeasureResult, WorkerProcess
-from .runner import first_line
+from .runner import MeasureResult
+from .isolation import WorkerProcess
+from ..errors import first_line
 from .wire import Answer, ArrayStore, MissingArrays, ServerDevice, count, decode, encode_results
 
 _worker: WorkerProcess | None = None  # this session's (each session is a process of its own)

@@ -10,7 +10,7 @@ run (a 3x3 convolution with ReLU, else a matrix product). A chain of ``calls`` r
 [a few TVM ops, then the probe through ``call_dps_packed``] runs on the VM; the transition is
 what that chain costs beyond the same TVM ops alone and the probe's own time back to back,
 per round. ``tvm`` partitions are called by the VM directly: their transition is zero.
-On CUDA the chain is compiled as an assembled module is (``runner.compile_module``): with
+On CUDA the chain is compiled as an assembled module is (``build.compile_module``): with
 CUDA graphs where the backend is graph-safe, whose replays call no Python at all.
 """
 
@@ -26,7 +26,9 @@ from tvm import relax
 from ..candidates.generate import generate
 from ..model.graph import DataflowGraph
 from .cost import Cost
-from .runner import build_vm, compile_kernel, device_for, empty_outputs, first_line, random_inputs, synchronized, to_tensors
+from .build import build_vm, compile_kernel, device_for, synchronized
+from .arrays import empty_outputs, random_inputs, to_tensors
+from ..errors import first_line
 from .timing import Timing, median_and_iqr, time_call
 
 CALLS = 8
@@ -60,7 +62,7 @@ def probes() -> list[relax.Function]:
 
 @dataclass(frozen=True)
 class TransitionTask:
-    """Measuring ``backend``'s transition, as a runner's task (``isolation.MeasureRunner``),
+    """Measuring ``backend``'s transition, as a runner's task (``runner.MeasureRunner``),
     so that it is measured where the candidates are. ``tries`` are the (probe index,
     pattern) of the backend's candidates for a whole probe, in order: found where the
     backend's patterns are (``of``), compiled and timed where it runs (``measure``)."""

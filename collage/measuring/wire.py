@@ -4,7 +4,7 @@ What crosses the network is never pickled code: a server that unpickled what it 
 would run whatever a peer on the network wrote. A task travels as one JSON header (the
 backend *by name*, the pattern, target, threads, seed, timing, precision) and one ``.npz``
 archive of arrays, read back with ``allow_pickle=False``: the sub-graph function as TVM's
-JSON text with its weights lifted out as arrays (``isolation.weights_out``), the inputs and
+JSON text with its weights lifted out as arrays (``runner.weights_out``), the inputs and
 the reference outputs. The server looks the backend up among its own registered backends;
 one it lacks measures as invalid, with that reason. A result travels the same way: the
 cost's fields, and the reference outputs it found.
@@ -29,7 +29,7 @@ import tvm
 
 from ..candidates.backend import default_backends
 from .cost import Cost, Device, cpu_info
-from .isolation import MeasureResult, MeasureTask, weights_in, weights_out
+from .runner import MeasureResult, MeasureTask, weights_in, weights_out
 from .timing import Timing
 from .transition import TransitionTask
 

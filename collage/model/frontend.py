@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import tvm
 
-from ..measuring.runner import first_line
+from ..errors import first_line
 
 
 class ModelImportError(Exception):

@@ -21,8 +21,9 @@ from ..candidates.backend import REFERENCE_BACKEND, Backend, BackendSet, default
 from ..config import Config
 from ..errors import OptimizeError
 from ..measuring.cost_log import CostLog
-from ..measuring.runner import (build_vm, device_for, first_line, numpy_outputs, random_inputs, reference_vm,
-                                static_shape, to_tensors)
+from ..measuring.build import build_vm, device_for, reference_vm
+from ..errors import first_line
+from ..measuring.arrays import numpy_outputs, random_inputs, static_shape, to_tensors
 from .graph import DataflowGraph
 from .simplify import SimplifyReport, simplify
 
@@ -197,7 +198,7 @@ def dataflow_graph(mod: tvm.IRModule) -> DataflowGraph:
 
 
 def _seeded(seed: int) -> str:
-    # "inputs 2": drawn inside each operator's domain since (runner.random_inputs).
+    # "inputs 2": drawn inside each operator's domain since (arrays.random_inputs).
     return f"seed {seed} inputs 2"
 
 

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from ..candidates.backend import default_backends
 from ..measuring.cost import Cost
 from ..measuring.isolation import WorkerProcess
-from ..measuring.runner import device_for, first_line, to_tensors
+from ..measuring.build import device_for
+from ..errors import first_line
+from ..measuring.arrays import to_tensors
 from ..measuring.timing import Protocol, block_calls, settle, timed_block
 from ..measuring.wire import unpack
 from . import elsewhere

@@ -31,8 +31,9 @@ from ..assembling.assemble import Assembly
 from ..candidates.backend import BackendSet, default_backends
 from ..errors import OptimizeError, PlacementFileError
 from ..measuring.cost import Cost
-from ..measuring.isolation import weights_in, weights_out
-from ..measuring.runner import build_vm, first_line
+from ..measuring.runner import weights_in, weights_out
+from ..measuring.build import build_vm
+from ..errors import first_line
 from ..measuring.wire import ServerDevice, pack, unpack
 from ..model.prepare import dataflow_graph
 from .engine_alone import EngineAloneFailed, checked_on_file
@@ -212,7 +213,7 @@ def built_here(header: dict, arrays: dict, backends: BackendSet, threads: int) -
 
 
 def _lifted(module: tvm.IRModule) -> tuple[tvm.IRModule, list[np.ndarray]]:
-    """``module`` with ``main``'s weights lifted out as arrays (``isolation.weights_out``)."""
+    """``module`` with ``main``'s weights lifted out as arrays (``runner.weights_out``)."""
     main, weights = weights_out(module["main"])
     lifted = tvm.IRModule(dict(module.functions.items()), attrs=module.attrs)
     lifted["main"] = main

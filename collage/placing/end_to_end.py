@@ -23,8 +23,9 @@ from ..candidates.backend import BackendSet
 from ..candidates.precision import FLOAT32
 from ..measuring.cost import Cost, Device
 from ..measuring.cost_log import CostLog, PlacementKey
-from ..measuring.runner import (build_vm, device_for, first_line, kernel_backends, mismatch, numpy_outputs, synchronized,
-                               to_tensors)
+from ..measuring.build import build_vm, device_for, kernel_backends, synchronized
+from ..errors import first_line
+from ..measuring.arrays import mismatch, numpy_outputs, to_tensors
 from ..measuring.timing import Timing, time_call
 from ..model.graph import DataflowGraph
 from .placement import Partition

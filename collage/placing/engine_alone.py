@@ -25,7 +25,9 @@ from ..candidates.onnx_convert import IR_VERSION, supports
 from ..candidates.precision import FLOAT32, short
 from ..candidates.subgraph import SubGraph
 from ..measuring.cost import Cost
-from ..measuring.runner import build_vm, device_for, first_line, static_shape, to_tensors
+from ..measuring.build import build_vm, device_for
+from ..errors import first_line
+from ..measuring.arrays import static_shape, to_tensors
 from ..model.graph import DataflowGraph
 from .end_to_end import wrong_result
 from .finalists import Finalist

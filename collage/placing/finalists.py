@@ -40,7 +40,8 @@ from ..assembling.assemble import Assembly, bound_main
 from ..candidates.precision import FLOAT32
 from ..measuring.cost import Cost
 from ..measuring.meters import EnergyMeter
-from ..measuring.runner import device_for, synchronized, to_tensors
+from ..measuring.build import device_for, synchronized
+from ..measuring.arrays import to_tensors
 from ..measuring.timing import Protocol, busy_cores_by_others, cpu_seconds, median_and_iqr, time_contenders, time_rounds
 from .objective import Objective
 from .placement import Partition

@@ -18,7 +18,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from ...measuring.runner import static_shape
+from ...measuring.arrays import static_shape
 from ...model.graph import TUPLE_GET_ITEM, DataflowGraph, Node
 from .rule import Matches, Rewrite, index_of
 from .site import Emitter, Site, read_outside

@@ -22,7 +22,7 @@ import numpy as np
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
-from ...measuring.runner import static_shape
+from ...measuring.arrays import static_shape
 from ...model.graph import DataflowGraph
 from .rule import Matches, ParallelMerge, index_of
 from .site import Emitter, Site, read_outside

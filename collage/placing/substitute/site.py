@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax import transform
 
-from ...measuring.runner import module_with_callees
+from ...measuring.build import module_with_callees
 from ...model.graph import DataflowGraph
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import tvm
 
 from ...candidates.subgraph import SubGraph
-from ...measuring.runner import as_module
+from ...measuring.build import as_module
 from ...model.graph import DataflowGraph
 from .rule import Substitution
 from .search import GraphCost, SearchResult, Step, replay, search

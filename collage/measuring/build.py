@@ -1,0 +1,265 @@
+"""Compiling and calling: a module built by TVM's default pipeline (on CUDA with TVM's CUDA
+graphs where every library kernel allows them), TVM's reference result of a sub-graph, a
+backend's kernel compiled without ever raising (``compile_kernel``: a reason instead), run
+on preallocated outputs and checked against TVM (``check_candidate``).
+
+Backend tests and the measurer share these, so "matches TVM's result" means one thing:
+seeded random inputs of the function's types, TVM's default pipeline for the reference,
+outputs preallocated for a kernel that writes them in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..candidates.backend import Backend, cuda_graph_blocker
+from ..candidates.precision import FLOAT32
+from ..errors import first_line
+from .arrays import empty_outputs, mismatch, numpy_outputs, random_inputs, static_shape, to_tensors
+
+def as_module(func: relax.Function) -> tvm.IRModule:
+    """``func`` as the ``main`` of a module, with the functions it calls (``SubGraph.extract``
+    carries them in an attribute) beside it."""
+    from ..model.graph import CALLEES_ATTR
+
+    callees = func.attrs.get(CALLEES_ATTR) if func.attrs else None
+    if not callees:
+        return tvm.IRModule({"main": func})
+    return module_with_callees(func.without_attr(CALLEES_ATTR), callees)
+
+
+def module_with_callees(main: relax.Function, callees) -> tvm.IRModule:
+    """A module of ``main`` and the functions it calls, keyed by the very GlobalVars its calls
+    hold (so that ``call_tir`` still finds its PrimFunc)."""
+    mod = tvm.IRModule(dict(callees.items()))
+    mod["main"] = main
+    return mod
+
+
+# References are run once and only compared: LLVM's optimizations are most of the compile
+# time and none of the answer (EfficientNet's whole graph: 1.96 s to compile at the default
+# level, 0.50 s unoptimized; the same outputs to the bit).
+REFERENCE_TARGET = {"kind": "llvm", "opt-level": 0}
+
+
+def reference_vm(mod: tvm.IRModule, target=REFERENCE_TARGET) -> relax.VirtualMachine:
+    """``mod`` compiled by TVM's default CPU pipeline, unoptimized by LLVM (``REFERENCE_TARGET``)
+    unless another CPU ``target`` is given."""
+    return relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target(target)), tvm.cpu())
+
+
+def run_reference(func: relax.Function, arrays: list[np.ndarray], target=REFERENCE_TARGET) -> list[np.ndarray]:
+    """``func``'s outputs on ``arrays`` from its ``reference_vm`` (for ``target``), as numpy arrays."""
+    return numpy_outputs(reference_vm(as_module(func), target)["main"](*to_tensors(arrays)))
+
+
+# Above this, a model's intermediate values are not all kept (``intermediate_values``).
+MAX_VALUES_BYTES = 2 << 30
+
+
+def intermediate_values(graph, seed: int = 0) -> dict[relax.Expr, np.ndarray] | None:
+    """Every tensor ``graph`` computes on its seeded inputs, by node var, and those inputs
+    by parameter: one TVM run of the whole graph, unoptimized by LLVM unless its convolutions
+    and products are heavy (``OPTIMIZED_VALUES_MACS``). A sub-graph's inputs and
+    reference outputs are read off it, instead of compiling a reference per sub-graph (a
+    large one takes a second). None where they would not fit in ``MAX_VALUES_BYTES`` or a
+    shape is not static."""
+    from ..candidates.subgraph import SubGraph
+
+    tensors = tuple(node.index for node in graph if isinstance(node.ty, relax.TensorType))
+    try:
+        if not tensors or sum(_bytes(graph[i].ty) for i in tensors) > MAX_VALUES_BYTES:
+            return None
+        arrays = dict(zip(graph.func.params, random_inputs(graph.func, seed)))
+    except ValueError:  # a symbolic shape
+        return None
+    whole = SubGraph(graph, frozenset(range(len(graph))))
+    target = REFERENCE_TARGET if multiply_adds(graph) < OPTIMIZED_VALUES_MACS else "llvm"
+    values = run_reference(whole.extract(outputs=tensors), [arrays[p] for p in whole.arguments()], target)
+    return {**arrays, **{graph[i].var: value for i, value in zip(tensors, values)}}
+
+
+# A model's values are computed once per optimization, before any candidate can be measured:
+# unoptimized, LLVM's loops run large convolutions six times slower (ResNet-50's: 11.0 s at
+# opt-level 0 against 1.8 s optimized, compiled in 0.4 s against 0.9, on a Zen 5). Below about
+# this many multiply-adds the compile is what counts, and opt-level 0 stays the cheaper.
+OPTIMIZED_VALUES_MACS = 5e8
+
+
+# The operators whose multiply-adds ``multiply_adds`` counts: each output element takes the
+# product of the weight's dimensions past the first (convolutions) or the reduced axis (matmul).
+_CONVOLUTIONS = frozenset({"relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d"})
+
+
+def multiply_adds(graph) -> float:
+    """Roughly how many multiply-adds one run of ``graph`` takes: its convolutions' and
+    matrix products' (what decides how long an unoptimized run takes)."""
+    total = 0.0
+    for node in graph:
+        if node.op not in _CONVOLUTIONS and node.op != "relax.matmul":
+            continue
+        try:
+            out = np.prod(static_shape(node.ty), dtype=np.float64)
+            operand = static_shape(node.call.args[1 if node.op in _CONVOLUTIONS else 0].ty)
+        except (ValueError, TypeError, AttributeError):
+            continue
+        total += out * (np.prod(operand[1:], dtype=np.float64) if node.op in _CONVOLUTIONS else operand[-1])
+    return total
+
+
+def _bytes(ty: relax.TensorType) -> int:
+    return int(np.prod(static_shape(ty), dtype=np.int64)) * np.dtype(str(ty.dtype)).itemsize
+
+
+def run_kernel(kernel, func: relax.Function, arrays: list[np.ndarray], device=None) -> list[np.ndarray]:
+    """Call a backend kernel destination-passing style and return its outputs."""
+    outputs = empty_outputs(func, device)
+    kernel(*to_tensors(arrays, device), *outputs)
+    return [o.numpy() for o in outputs]
+
+
+def check_candidate(backend, func: relax.Function, pattern: str, target: str = "llvm", seed: int = 0,
+                    threads: int = 0) -> str | None:
+    """Compile ``func`` on ``backend``, run it on seeded random inputs and compare with TVM.
+
+    Returns None when the kernel matches, else one line saying why it does not: the library
+    cannot run it (``Unsupported``), compiling or running failed, or the values differ. A
+    failing candidate is excluded with this reason; it never raises.
+    """
+    kernel, reason = compile_kernel(backend, func, pattern, target, threads)
+    if reason is not None:
+        return reason
+    arrays = random_inputs(func, seed)
+    try:
+        actual = run_kernel(kernel, func, arrays, device_for(target))
+    except Exception as err:
+        return f"run failed: {type(err).__name__}: {first_line(err)}"
+    return mismatch(actual, run_reference(func, arrays))
+
+
+def compile_kernel(backend, func: relax.Function, pattern: str, target: str, threads: int, alone: bool = False,
+                   precision: str = FLOAT32):
+    """``(kernel, None)``, or ``(None, why not)``: the library cannot run here, rejects the
+    sub-graph (``Unsupported``), or fails compiling it. Never raises. The kernel runs on
+    ``threads`` threads (0: the library's default), in ``precision`` (a reduced one is passed
+    as ``precision=``; ``Backend.precisions``). ``alone`` compiles an
+    inference engine's kernel with its users' settings (``Backend.compile_onnx``), for a
+    partition that nothing of another library runs beside."""
+    from ..candidates.onnx_convert import to_onnx
+
+    reduced = {} if precision == FLOAT32 else {"precision": precision}
+    if alone and backend.compile_onnx is not None:
+        return _compiled(backend, target, lambda: backend.compile_onnx(to_onnx(func), target, threads, alone=True, **reduced))
+    return _compiled(backend, target, lambda: backend.compile(func, pattern, target, threads, **reduced))
+
+
+def compile_onnx_kernel(backend, model, target: str, threads: int, alone: bool = True, precision: str = FLOAT32):
+    """An inference engine's kernel for an ONNX model, as ``compile_kernel`` returns one."""
+    reduced = {} if precision == FLOAT32 else {"precision": precision}
+    return _compiled(backend, target, lambda: backend.compile_onnx(model, target, threads, alone=alone, **reduced))
+
+
+def _compiled(backend, target: str, build):
+    from ..candidates.backend import Unsupported
+
+    reason = backend.unavailable_reason(target)
+    if reason is not None:
+        return None, reason
+    try:
+        return build(), None
+    except Unsupported as err:
+        return None, f"unsupported: {err}"
+    except Exception as err:  # a library's own compile error: exclude the candidate, keep going
+        return None, f"compile failed: {type(err).__name__}: {first_line(err)}"
+
+
+# TVM's PassContext switch for its RewriteCUDAGraph pass: the static regions of a module (every
+# kernel between the first that reads an input and the last that writes an output, library
+# kernels called by call_dps_packed included) are recorded once as CUDA graphs and replayed.
+USE_CUDA_GRAPH = "relax.backend.use_cuda_graph"
+
+
+def build_vm(mod: tvm.IRModule, target: str = "llvm", kernels: Mapping[str, Backend] | None = None) -> relax.VirtualMachine:
+    """``mod`` built by TVM's default pipeline for ``target`` (``compile_module``), on the Relax VM."""
+    return relax.VirtualMachine(compile_module(mod, target, kernels), device_for(target))
+
+
+def compile_module(mod: tvm.IRModule, target="llvm", kernels: Mapping[str, Backend] | None = None):
+    """``mod`` compiled by TVM's default pipeline for ``target``. For CUDA, with CUDA graphs
+    unless ``module_cuda_graph_blocker`` says why not: ``kernels`` names the backend of each
+    library kernel ``mod`` calls (``kernel_backends``), and only graph-safe ones may be
+    captured."""
+    if not is_cuda(target) or module_cuda_graph_blocker(mod, kernels) is not None:
+        return tvm.compile(mod, target=target)
+    outer = tvm.transform.PassContext.current()  # keep what a caller set; add the switch
+    with tvm.transform.PassContext(opt_level=outer.opt_level, required_pass=list(outer.required_pass),
+                                   disabled_pass=list(outer.disabled_pass),
+                                   config={**dict(outer.config), USE_CUDA_GRAPH: True}):  # fmt: skip
+        return tvm.compile(mod, target=target)
+
+
+def module_cuda_graph_blocker(mod: tvm.IRModule, kernels: Mapping[str, Backend] | None = None) -> str | None:
+    """Why ``mod`` cannot run as CUDA graphs, in one line, or None. TVM's pass captures every
+    function a module calls outside TVM (an ``ExternFunc``: a library kernel under
+    ``call_dps_packed``) with no way to leave one out, so each must be the kernel of a
+    graph-safe backend (``kernels``: backend by registered name; ``cuda_graph_blocker``)."""
+    kernels = kernels or {}
+    called = sorted(extern_functions(mod))
+    unknown = [name for name in called if name not in kernels]
+    if unknown:
+        return f"it calls {unknown[0]!r}, which no backend declares graph-safe"
+    return cuda_graph_blocker(kernels[name] for name in called)
+
+
+def extern_functions(mod: tvm.IRModule) -> set[str]:
+    """The functions outside TVM that ``mod``'s Relax functions call, by global symbol (TVM's
+    own ``vm.builtin`` helpers, which its pass never captures, left out)."""
+    found: set[str] = set()
+
+    def visit(expr):
+        if isinstance(expr, relax.ExternFunc) and not expr.global_symbol.startswith("vm.builtin"):
+            found.add(str(expr.global_symbol))
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def kernel_backends(assembly, backends) -> dict[str, Backend]:
+    """The backend of each library kernel an ``Assembly`` calls, by the name it is registered
+    under: what ``compile_module`` asks to decide on CUDA graphs."""
+    return {name: backends[part.backend] for part, name, _ in assembly.kernels}
+
+
+def is_cuda(target) -> bool:
+    """Whether ``target`` (a name such as "cuda", a JSON dict or a ``tvm.target.Target``) is CUDA."""
+    if isinstance(target, str):
+        return target == "cuda"
+    return tvm.target.Target(target).kind.name == "cuda"
+
+
+def device_for(target: str):
+    """The TVM device a target runs on."""
+    return tvm.cuda() if target == "cuda" else tvm.cpu()
+
+
+def synchronized(call, target: str):
+    """``call`` followed by waiting for ``target``'s device to finish: on a GPU a call returns
+    once its kernels are queued, and a timer around it would time the queueing. TVM's and
+    PyTorch's kernels share CUDA's default stream, so one wait covers both. On the CPU,
+    ``call`` itself."""
+    if target != "cuda":
+        return call
+    device = device_for(target)
+
+    def call_and_wait():
+        call()
+        device.sync()
+
+    return call_and_wait
+
