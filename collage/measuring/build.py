@@ -21,6 +21,7 @@ from ..candidates.precision import FLOAT32
 from ..errors import first_line
 from .arrays import empty_outputs, mismatch, numpy_outputs, random_inputs, static_shape, to_tensors
 
+
 def as_module(func: relax.Function) -> tvm.IRModule:
     """``func`` as the ``main`` of a module, with the functions it calls (``SubGraph.extract``
     carries them in an attribute) beside it."""

@@ -36,6 +36,7 @@ from .meters import EnergyMeter
 from .timing import Timing, time_call, time_captured
 from .transition import TransitionTask
 
+
 @relax.expr_functor.mutator
 class _WeightsOut(relax.PyExprMutator):
     """Replaces each tensor constant with a new variable, keeping the arrays in order."""
