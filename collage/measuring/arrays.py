@@ -36,9 +36,7 @@ def static_shape(ty: relax.TensorType) -> tuple[int, ...]:
 # checks compare numbers rather than NaN (log of a normal sample is NaN half the time).
 POSITIVE = frozenset({"relax.log", "relax.sqrt", "relax.rsqrt", "relax.log2", "relax.log10", "relax.log1p", "relax.power"})
 
-
 UNIT_INTERVAL = frozenset({"relax.asin", "relax.acos", "relax.atanh"})
-
 
 AT_LEAST_ONE = frozenset({"relax.acosh"})
 

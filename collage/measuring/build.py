@@ -90,7 +90,6 @@ def intermediate_values(graph, seed: int = 0) -> dict[relax.Expr, np.ndarray] | 
 # this many multiply-adds the compile is what counts, and opt-level 0 stays the cheaper.
 OPTIMIZED_VALUES_MACS = 5e8
 
-
 # The operators whose multiply-adds ``multiply_adds`` counts: each output element takes the
 # product of the weight's dimensions past the first (convolutions) or the reduced axis (matmul).
 _CONVOLUTIONS = frozenset({"relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d"})

@@ -33,11 +33,9 @@ from .transition import TransitionTask
 # seconds, TVM compiling one large convolution without tuning about as long); a hang costs this.
 TIMEOUT_S = 300.0
 
-
 # The worker's command line: not ``-m collage.measuring.isolation``, which runs this module a second time
 # after the package imported it.
 WORKER_MAIN = "import sys; from collage.measuring.isolation import serve; serve(*map(int, sys.argv[1:]))"
-
 
 STARTUP_S = 120.0  # a worker imports TVM and torch: about 4 s on the 2-core development machines
 
