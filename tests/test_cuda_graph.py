@@ -15,7 +15,8 @@ from tvm import relax
 from collage.backends import cublas, cudnn, inductor, tensorrt
 from collage.backends import tvm as tvm_backend
 from collage.candidates.backend import OP_LEVEL, Backend, cuda_graph_blocker
-from collage.measuring.build import compile_module, extern_functions, is_cuda, kernel_backends, module_cuda_graph_blocker, USE_CUDA_GRAPH
+from collage.measuring.build import (USE_CUDA_GRAPH, compile_module, extern_functions, is_cuda, kernel_backends,
+                                    module_cuda_graph_blocker)
 
 KERNEL = "collage_test.library_kernel"
 # An explicit architecture: this machine may have no GPU to read it from.

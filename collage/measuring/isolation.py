@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ..errors import first_line
 from .cost import Cost
-from .runner import in_turn, measure, measure_batch, MeasureResult, MeasureTask, Work
+from .runner import MeasureResult, MeasureTask, Work, in_turn, measure, measure_batch
 from .threads import pin_threads
 from .transition import TransitionTask
 
