@@ -37,7 +37,7 @@ from ..measuring.cost import Cost
 from ..measuring.measure import Measurer
 from ..model.graph import DataflowGraph
 from ..placing.placement import Partition
-from ..placing.recorded import RecordedModel, RecordedPartition, RecordedPlacement
+from ..placing.recorded import RecordedModel, RecordedPartition, RecordedPlacement, json_ms
 
 if TYPE_CHECKING:
     from .optimized import OptimizedModule
@@ -110,17 +110,13 @@ def save_placement(opt: OptimizedModule, path: str | os.PathLike) -> Path:
 
 def placement_record(opt: OptimizedModule) -> SavedPlacement:
     """``opt``'s placement as its file holds it (see the module docstring)."""
-    placement = RecordedPlacement.of(opt.placement, opt.record.substituted)
-    if not opt.placement:  # nothing was placeable: the record says why, and rebuilding runs TVM as optimize did
+    if opt.placement:
+        placement = RecordedPlacement.of(opt.placement, opt.record.substituted)
+    else:  # nothing was placeable: the record says why, and rebuilding runs TVM as optimize did
         placement = RecordedPlacement(RecordedModel(opt.record.unplaced_hash, 0, opt.record.unplaced), ())
     return SavedPlacement(placement, opt.target, opt.optimized_for.name, opt.optimized_for.threads,
                           opt.simplified is not None, opt.record.seed, opt.record.accuracy,
-                          _json_number(opt.estimated_ms), _json_number(opt.measured.median_ms))  # fmt: skip
-
-
-def _json_number(ms: float) -> float | None:
-    """Milliseconds for JSON, which has no NaN: None for a cost never measured."""
-    return None if math.isnan(ms) else round(ms, 6)
+                          json_ms(opt.estimated_ms), json_ms(opt.measured.median_ms))  # fmt: skip
 
 
 # -- loading --

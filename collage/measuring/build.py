@@ -123,13 +123,13 @@ def run_kernel(kernel, func: relax.Function, arrays: list[np.ndarray], device=No
 
 
 def check_candidate(backend, func: relax.Function, pattern: str, target: str = "llvm", seed: int = 0,
-                    threads: int = 0, reference=None) -> str | None:
+                    threads: int = 0, reference=run_reference) -> str | None:
     """Compile ``func`` on ``backend``, run it on seeded random inputs and compare with TVM.
 
     Returns None when the kernel matches, else one line saying why it does not: the library
     cannot run it (``Unsupported``), compiling or running failed, or the values differ. A
     failing candidate is excluded with this reason; it never raises. ``reference(func,
-    arrays)`` gives TVM's result (default ``run_reference``): a caller checking several
+    arrays)`` gives TVM's result: a caller checking several
     backends on the same sub-graphs may pass one that remembers it.
     """
     kernel, reason = compile_kernel(backend, func, pattern, target, threads)
@@ -140,7 +140,7 @@ def check_candidate(backend, func: relax.Function, pattern: str, target: str = "
         actual = run_kernel(kernel, func, arrays, device_for(target))
     except Exception as err:
         return f"run failed: {type(err).__name__}: {first_line(err)}"
-    return mismatch(actual, (reference or run_reference)(func, arrays))
+    return mismatch(actual, reference(func, arrays))
 
 
 def compile_kernel(backend, func: relax.Function, pattern: str, target: str, threads: int, alone: bool = False,

@@ -49,7 +49,7 @@ class RecordedPartition:
 
     @classmethod
     def of(cls, p: Partition) -> RecordedPartition:
-        return cls(p.backend, p.pattern, tuple(sorted(p.nodes)), tuple(p.ops), _json_number(p.cost_ms),
+        return cls(p.backend, p.pattern, tuple(sorted(p.nodes)), tuple(p.ops), json_ms(p.cost_ms),
                    p.candidate.precision)  # fmt: skip
 
     def candidate(self, graph: DataflowGraph) -> Candidate:
@@ -165,6 +165,6 @@ def replay_substitutions(prepared: tvm.IRModule, placement: RecordedPlacement, w
         raise PlacementFileError(f"{where}: its graph substitutions do not fit this model: {err}") from None
 
 
-def _json_number(ms: float) -> float | None:
+def json_ms(ms: float) -> float | None:
     """Milliseconds for JSON, which has no NaN: None for a cost never measured."""
     return None if math.isnan(ms) else round(ms, 6)
