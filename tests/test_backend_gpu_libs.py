@@ -170,3 +170,26 @@ def test_optimize_on_the_gpu(tmp_path):
     assert np.abs(actual - expected).max() <= REL_TOL * np.abs(expected).max()
     assert {p.backend for p in opt.placement} <= {"cudnn", "cublas", "tvm", "tensorrt", "inductor"}
     assert opt.measured.is_valid
+
+
+def test_gpt2_optimized_for_the_gpu_matches_torch(tmp_path):
+    """GPT-2's GELU takes ``x ** 3`` of negative numbers, which TVM's CUDA build (nvcc's fast
+    math) computed as NaN: the reference and every TVM kernel with it were NaN, and every
+    right placement was rejected. On a GPU the module is right against torch, and so is the
+    reference it was checked against (computed on the CPU)."""
+    import numpy as np
+
+    import collage
+    from collage.backends import tvm as tvm_backend
+    from experiments import models
+    from tests.helpers import REL_TOL
+
+    for backend in (cublas.BACKEND, tvm_backend.BACKEND):
+        require_gpu(backend)
+    w = models.load("gpt2", small=True)
+    opt = collage.optimize(w.relax, target="cuda", backends=["tvm", "cublas"], cost_log=tmp_path / "costs.sqlite",
+                           progress=False)  # fmt: skip
+    (expected,) = w.reference()
+    (actual,) = opt(*[t.numpy() for t in w.inputs])
+    assert np.isfinite(actual).all() and np.abs(actual - expected).max() <= REL_TOL * np.abs(expected).max()
+    assert not opt.fallbacks, opt.report()

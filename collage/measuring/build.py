@@ -79,8 +79,7 @@ def intermediate_values(graph, seed: int = 0) -> dict[relax.Expr, np.ndarray] | 
     except ValueError:  # a symbolic shape
         return None
     whole = SubGraph(graph, frozenset(range(len(graph))))
-    target = REFERENCE_TARGET if multiply_adds(graph) < OPTIMIZED_VALUES_MACS else "llvm"
-    values = run_reference(whole.extract(outputs=tensors), [arrays[p] for p in whole.arguments()], target)
+    values = run_reference(whole.extract(outputs=tensors), [arrays[p] for p in whole.arguments()], values_target(graph))
     return {**arrays, **{graph[i].var: value for i, value in zip(tensors, values)}}
 
 
@@ -93,6 +92,12 @@ OPTIMIZED_VALUES_MACS = 5e8
 # The operators whose multiply-adds ``multiply_adds`` counts: each output element takes the
 # product of the weight's dimensions past the first (convolutions) or the reduced axis (matmul).
 _CONVOLUTIONS = frozenset({"relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d"})
+
+
+def values_target(graph) -> dict | str:
+    """The CPU target that computes all of ``graph``'s values soonest: LLVM unoptimized, or
+    optimized where its convolutions and products are heavy (``OPTIMIZED_VALUES_MACS``)."""
+    return REFERENCE_TARGET if multiply_adds(graph) < OPTIMIZED_VALUES_MACS else "llvm"
 
 
 def multiply_adds(graph) -> float:

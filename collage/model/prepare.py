@@ -21,7 +21,7 @@ from ..candidates.backend import REFERENCE_BACKEND, Backend, BackendSet, default
 from ..config import Config
 from ..errors import OptimizeError
 from ..measuring.cost_log import CostLog
-from ..measuring.build import build_vm, device_for, reference_vm
+from ..measuring.build import REFERENCE_TARGET, reference_vm, values_target
 from ..errors import first_line
 from ..measuring.arrays import numpy_outputs, random_inputs, static_shape, to_tensors
 from .graph import DataflowGraph
@@ -50,20 +50,20 @@ class Model:
         """The unoptimized module's outputs on ``arrays`` (from the log, else run once), asked
         for when the first module is checked: a model TVM cannot run gets the placement's own
         error first, which names the operator."""
-        return reference_outputs(self.original, self.arrays, self.log, _seeded(self.config.seed), self.config.target)
+        return reference_outputs(self.original, self.arrays, self.log, _seeded(self.config.seed))
 
     @functools.cached_property
     def budget_draws(self) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
         """(inputs, the unoptimized outputs on them) on which the whole module is held to an
         accuracy budget: the seeded inputs, then the user's calibration sets, or without them a
         second, independent draw."""
-        seed, target = self.config.seed, self.config.target
+        seed = self.config.seed
         if self.calibration:
-            others = [(arrays, reference_outputs(self.original, arrays, self.log, _given(arrays), target))
+            others = [(arrays, reference_outputs(self.original, arrays, self.log, _given(arrays)))
                       for arrays in self.calibration]  # fmt: skip
         else:
             second = random_inputs(self.original["main"], seed + 1)
-            others = [(second, reference_outputs(self.original, second, self.log, _seeded(seed + 1), target))]
+            others = [(second, reference_outputs(self.original, second, self.log, _seeded(seed + 1)))]
         return [(self.arrays, self.expected), *others]
 
 
@@ -209,16 +209,20 @@ def _given(arrays: list[np.ndarray]) -> str:
     return f"given {digest.hexdigest()[:32]}"
 
 
-def reference_outputs(original, arrays, log: CostLog, inputs: str, target: str) -> list[np.ndarray]:
+def reference_outputs(original, arrays, log: CostLog, inputs: str) -> list[np.ndarray]:
     """The unoptimized module's outputs on ``arrays`` (which ``inputs`` names: ``_seeded``,
-    ``_given``): from the log, else run on TVM and saved."""
-    key = f"{tvm_ffi.structural_hash(original):x} {inputs} {target}"
+    ``_given``): from the log, else run by TVM on the CPU and saved.
+
+    On the CPU whatever the target, as the candidates' references (``intermediate_values``):
+    a reference must not share the target's flaws. TVM builds CUDA with nvcc's fast math,
+    whose ``powf`` is NaN for a negative base; GPT-2's reference on the GPU was NaN, and every
+    correct placement of it was then rejected as wrong."""
+    key = f"{tvm_ffi.structural_hash(original):x} {inputs} cpu"
     saved = log.get_reference(key)
     if saved is None:
         try:
-            # On the CPU unoptimized by LLVM, as the candidates' references: same outputs, a quarter of the compile.
-            vm = reference_vm(original) if target == "llvm" else build_vm(original, target)
-            saved = numpy_outputs(vm["main"](*to_tensors(arrays, device_for(target))))
+            vm = reference_vm(original, _values_target(original))
+            saved = numpy_outputs(vm["main"](*to_tensors(arrays)))
         except Exception as err:  # noqa: BLE001 -- TVM's own failure on this model
             raise OptimizeError(
                 f"TVM cannot run the unoptimized model, which every placement is checked against: "
@@ -226,3 +230,12 @@ def reference_outputs(original, arrays, log: CostLog, inputs: str, target: str) 
             ) from None
         log.put_reference(key, saved)
     return saved
+
+
+def _values_target(original: tvm.IRModule):
+    """``values_target`` of ``original``'s graph; unoptimized LLVM where it has no graph to
+    count (the error that says why comes from placing it)."""
+    try:
+        return values_target(DataflowGraph(original["main"]))
+    except ValueError:  # a binding the placer cannot take
+        return REFERENCE_TARGET
