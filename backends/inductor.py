@@ -4,7 +4,9 @@ A candidate becomes a ``torch.fx`` graph of ATen ops (``collage.candidates.fx_co
 compiled by ``torch.compile`` (inductor: Triton kernels for what it fuses, cuDNN and cuBLAS
 for convolutions and matmuls). Like the ONNX engines on the CPU it optimizes across kernels,
 so it offers regions only (``max_size=0``): its largest regions, their parts at single-tensor
-cuts, and the whole model when every op converts ("inductor alone"). Compiling takes seconds
+cuts, and the whole model when every op converts ("inductor alone"). When the user hands
+over a PyTorch module, its own ``torch.export`` program compiled whole is a finalist too
+(``compile_program``), as ``torch.compile`` of that module would run. Compiling takes seconds
 per candidate; each is compiled at ``compile`` time, with inputs of the right shapes, so no
 compile ever falls inside a CUDA graph's capture.
 
@@ -16,6 +18,8 @@ budget, also TF32 (tensor cores, 10-bit mantissa products) and bfloat16 (``torch
 """
 
 import contextlib
+
+from tvm import relax
 
 from collage.patterns.fusion import never_fuse
 
@@ -52,19 +56,50 @@ def _settings(precision: str, device: str):
 def compile(func, pattern: str, target: str, threads: int, precision: str = FLOAT32):
     import torch
 
+    device = _device(target)
+    return _kernel(torch.compile(to_fx(func, device), fullgraph=True, dynamic=False), func, device, precision)
+
+
+def compile_program(program, main, target: str, threads: int, precision: str = FLOAT32):
+    """The user's own ``torch.export`` program compiled whole, as ``torch.compile`` of their
+    module compiles it (attention as PyTorch's fused kernels, not as collage's graph has it),
+    in place of ``main``, the Relax function imported from it."""
+    import torch
+
+    device = _device(target)
+    module = program.module().to(device)
+    return _kernel(torch.compile(module, fullgraph=True, dynamic=False), main, device, precision)
+
+
+def _device(target: str) -> str:
+    return "cuda" if target == "cuda" else "cpu"
+
+
+def _tensors_in(ty) -> int:
+    return sum(map(_tensors_in, ty.fields)) if isinstance(ty, relax.TupleType) else 1
+
+
+def _kernel(compiled, func, device: str, precision: str):
+    """``compiled`` (a ``torch.compile``d callable taking ``func``'s inputs) as a Kernel:
+    compiled now on inputs of the right shapes, never inside a capture; on CUDA on TVM's
+    stream, and bound to fixed buffers as one CUDA graph."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
     from collage.patterns.torch_stream import on_tvm_stream
 
-    device = "cuda" if target == "cuda" else "cpu"
-    compiled = torch.compile(to_fx(func, device), fullgraph=True, dynamic=False)
     count = len(func.params)
     examples = [torch.zeros(static_shape(p.ty), dtype=getattr(torch, dtype_of(p.ty)), device=device) for p in func.params]
     with _settings(precision, device):
-        compiled(*examples)  # compiled now, never inside a capture
+        returned = len(tree_leaves(compiled(*examples)))
+    outputs = _tensors_in(func.ret_ty)
+    if returned != outputs:
+        raise ValueError(f"the compiled graph returns {returned} tensor(s); the function it replaces returns {outputs}")
 
     def kernel(*tensors):
         with _settings(precision, device):
             results = compiled(*(torch.from_dlpack(t) for t in tensors[:count]))
-            for out, result in zip(tensors[count:], results):
+            for out, result in zip(tensors[count:], tree_leaves(results)):
                 torch.from_dlpack(out).copy_(result)
 
     if device == "cpu":
@@ -95,6 +130,7 @@ BACKEND = Backend(
     kind=GRAPH_LEVEL,
     targets=("cuda",),
     compile=compile,
+    compile_program=compile_program,
     rules=(PatternRule("inductor.fused", convertible, never_fuse, max_size=0),),
     requires=("torch", "triton"),
     probe=probe,

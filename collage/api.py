@@ -100,7 +100,8 @@ def optimize(
     name -> shape, fixes dynamic inputs), which is then the ``onnx_model`` too; or a
     ``torch.nn.Module`` in eval mode with ``example_inputs`` (a tensor or a tuple of them),
     whose ``torch.onnx.export`` is then the ``onnx_model``, as its users would export it for an
-    engine. ``backends`` defaults to every registered backend (a
+    engine, and whose ``torch.export`` program an engine that compiles PyTorch programs
+    (inductor, on the GPU) compiles whole, as ``torch.compile`` of the module would. ``backends`` defaults to every registered backend (a
     BackendSet, or backends and backend names); those that cannot run here are left out with
     their reason (``opt.excluded``). Costs are read from and written to ``cost_log`` (a
     CostLog or a path; default ``~/.cache/collage/costs.sqlite`` or ``$COLLAGE_COST_LOG``).
@@ -173,15 +174,19 @@ def optimize_with(
     objective, meter = config.objective, _energy_meter(config, meter)
     pin_threads(threads)
     try:
-        mod, from_file, no_file = import_model(mod, example_inputs, shapes)
+        imported = import_model(mod, example_inputs, shapes)
     except ModelImportError as err:
         raise OptimizeError(str(err)) from None
-    onnx_model = from_file if onnx_model is None else onnx_model
-    if no_file is not None and onnx_model is None:
-        record.left_out["torch's ONNX export"] = no_file
+    onnx_model = imported.onnx_model if onnx_model is None else onnx_model
+    if imported.onnx_note is not None and onnx_model is None:
+        record.left_out["torch's ONNX export"] = imported.onnx_note
     stage("preparing")
     record.optimized_for, record.not_here = _device_optimized_for(config)
-    model = prepare_model(config, mod, backends, cost_log, params, onnx_model, calibration)
+    program = imported.program
+    if program is not None and record.optimized_for is not None:
+        record.left_out["the PyTorch module compiled whole"] = "a PyTorch program is not sent to the fleet"
+        program = None
+    model = prepare_model(config, imported.mod, backends, cost_log, params, onnx_model, calibration, program)
     record.calibration_sets = len(model.calibration)
     original, prepared, usable, backend_set, log = model.original, model.prepared, model.usable, model.backends, model.log
     arrays = model.arrays
@@ -253,6 +258,9 @@ def optimize_with(
         stage("running the ONNX file on each engine")
         finalists.update(policy.engines_on_file(original, graph, usable, model.onnx_model, expected, arrays, config, offered,
                                           record.left_out))  # fmt: skip
+    if model.program is not None:
+        finalists.update(policy.engines_on_program(original, graph, usable, model.program, expected, arrays, config,
+                                                   offered, record.left_out))  # fmt: skip
     errors = {}
     if config.accuracy is not None:
         repair = functools.partial(policy.repaired, graph=graph, costs=measurer, backends=backend_set, config=config)
@@ -369,6 +377,10 @@ def load_placement(
     check_backends(placement, model.backends, model.excluded, path)
     costs = LoggedCosts(Measurer(BackendSet(model.usable), config, model.log))
     partitions = partitions_of(graph, placement, costs, path)
+    if placement.runs_program:
+        raise PlacementFileError(f"{path}: the placement compiles the user's PyTorch module whole on "
+                                 f"{partitions[0].backend}, which a placement file does not hold; optimize the module "
+                                 "again, or export the optimized module (collage.export), which holds it")  # fmt: skip
     if placement.runs_file:
         if onnx_model is None:
             raise PlacementFileError(f"{path}: the placement runs the model's ONNX file on {partitions[0].backend}; give that file")

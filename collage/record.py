@@ -26,6 +26,7 @@ class FinalistKind(enum.Enum):
     ENGINE_ALONE = "alone"  # one engine on collage's conversion of the whole model
     ENGINE_REGIONS = "regions"  # one engine's largest regions, TVM for the rest
     ENGINE_ON_FILE = "on the ONNX file"  # one engine on the user's own ONNX file
+    ENGINE_ON_PROGRAM = "on the PyTorch module"  # one engine compiling the user's own PyTorch module
     GRAPH_LEVEL = "graph-level"  # a leader of the graph-level search
     UNPLACED = "the whole model on tvm, unplaced"  # nothing to place: TVM runs it as it is
     SAVED = "placement"  # a saved placement, rebuilt

@@ -4,8 +4,11 @@
                               [--cost-log PATH] [--out experiments/results/gpu.json]
 
 For each model: ``collage.optimize`` with every backend that serves ``cuda`` here (cuDNN and
-cuBLAS through PyTorch, TVM's CUDA codegen; TensorRT where it is installed), its report, its
-outputs checked against torch's; then collage's module timed against its peers: torch eager,
+cuBLAS through PyTorch, TVM's CUDA codegen, inductor; TensorRT where it is installed), its
+report, its outputs checked against torch's, through both entry points: the Relax module
+(``collage``) and the torch module (``collage (torch)``, where inductor compiling the user's
+own program whole is a finalist too; ``--no-torch-entry`` leaves it out); then collage's
+modules timed against their peers: torch eager,
 ``torch.compile`` (inductor, default mode and ``mode="reduce-overhead"``, which replays CUDA
 graphs) and TVM CUDA alone (TVM's default pipeline: DLight's default schedules, untuned),
 without and with CUDA graphs (``relax.backend.use_cuda_graph``), in one run with the
@@ -126,7 +129,7 @@ def outputs_of(result) -> list[np.ndarray]:
     return [a for r in result for a in outputs_of(r)]
 
 
-def run_model(name: str, cost_log: str, energy: bool, accuracy: float | None = None) -> dict:
+def run_model(name: str, cost_log: str, energy: bool, accuracy: float | None = None, torch_entry: bool = True) -> dict:
     import tvm
 
     import collage
@@ -143,7 +146,14 @@ def run_model(name: str, cost_log: str, energy: bool, accuracy: float | None = N
     entry.update(_chosen(opt))
     entry["cuda_graph_off"] = opt.record.cuda_graph_off  # None: its static regions run as CUDA graphs
     tensors = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
-    entry.update(_race({"collage": lambda: opt.bind(*tensors)} | peers(w), reference))
+    builders = {"collage": lambda: opt.bind(*tensors)}
+    if torch_entry:  # the torch module handed over: its own program compiled whole is a finalist too
+        started = time.perf_counter()
+        from_torch = collage.optimize(w.torch, example_inputs=tuple(w.inputs), target="cuda", cost_log=cost_log)
+        entry["torch_entry"] = {"optimize_s": round(time.perf_counter() - started, 1), **_chosen(from_torch)}
+        print(from_torch.report(), flush=True)
+        builders["collage (torch)"] = lambda: from_torch.bind(*tensors)
+    entry.update(_race(builders | peers(w), reference))
     if accuracy is not None:
         entry["accuracy"] = accuracy_entry(w, reference, opt, accuracy, cost_log)
     if energy:
@@ -182,6 +192,8 @@ def _race(builders: dict, reference) -> dict:
         best = min(peers_only, key=peers_only.get)
         found["best_peer"] = best
         found["speedup_over_best_peer"] = round(peers_only[best] / costs["collage"].median_ms, 3)
+        if "collage (torch)" in costs:
+            found["speedup_over_best_peer_torch_entry"] = round(peers_only[best] / costs["collage (torch)"].median_ms, 3)
     if errors:
         found["errors"] = errors
     return found
@@ -242,6 +254,8 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--accuracy", type=float, metavar="E",
                         help="also optimize(accuracy=E), raced against torch's peers at their defaults")
+    parser.add_argument("--no-torch-entry", action="store_true",
+                        help="optimize the Relax module only, not the torch module too")
     args = parser.parse_args(argv)
     float32_everywhere()  # before any contender is built
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -250,7 +264,7 @@ def main(argv=None) -> None:
     for name in args.model:
         print(f"== {name}", flush=True)
         try:
-            results[name] = run_model(name, args.cost_log, name in args.energy, args.accuracy)
+            results[name] = run_model(name, args.cost_log, name in args.energy, args.accuracy, not args.no_torch_entry)
         except Exception as err:
             traceback.print_exc()
             results[name] = {"error": one_line(err)}

@@ -5,6 +5,7 @@ for the GPU); on a GPU, also its candidates, timed inside CUDA graphs, and whole
 
 import numpy as np
 import pytest
+import torch
 import tvm
 from collage.backends import cublas, cudnn, inductor
 from collage.backends import tvm as tvm_backend
@@ -56,6 +57,36 @@ def test_the_kernel_matches_tvm_on_the_cpu():
     assert mismatch(actual, expected) is None
 
 
+class TwoLayers(torch.nn.Module):
+    """A user's module: what ``torch.compile`` of it runs is what its program compiled whole runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x), approximate="tanh")).softmax(-1)
+
+
+def test_the_users_program_compiles_whole_in_place_of_main_on_the_cpu():
+    """The user's ``torch.export`` program, compiled whole by inductor, replaces the Relax
+    ``main`` imported from it and is checked against that module's reference (CPU here)."""
+    from collage.model.frontend import import_model
+    from collage.placing.engine_alone import PROGRAM_SUFFIX, EngineAloneFailed, checked_on_program
+
+    torch.manual_seed(0)
+    imported = import_model(TwoLayers().eval(), example_inputs=torch.randn(4, 16))
+    func = imported.mod["main"]
+    arrays = random_inputs(func)
+    check = (arrays, run_reference(func, arrays))
+    finalist = checked_on_program(imported.mod, DataflowGraph(func), BACKEND, imported.program, check, "llvm", 2)
+    ((partition, name, _),) = finalist.assembly.kernels
+    assert partition.pattern == f"inductor{PROGRAM_SUFFIX}" and finalist.assembly.sources[name].program is imported.program
+    wrong = (arrays, [expected + 1.0 for expected in check[1]])
+    with pytest.raises(EngineAloneFailed, match="inductor on the PyTorch module disagrees with the unoptimized module"):
+        checked_on_program(imported.mod, DataflowGraph(func), BACKEND, imported.program, wrong, "llvm", 2)
+
+
 def test_bfloat16_is_computed_in_bfloat16():
     actual, expected = run_kernel(models.load("mlp", small=True).relax["main"], precision=BFLOAT16)
     assert actual[0].dtype == np.float32  # the caller's float32 buffers, all the same
@@ -103,3 +134,19 @@ def test_optimize_with_inductor_and_an_accuracy_budget_on_the_gpu(tmp_path):
         error = np.abs(actual - expected).max() / np.abs(expected).max()
         assert error <= (1e-3 if accuracy is None else accuracy)
         assert any("inductor" in str(name) for name in opt.record.finalists), opt.report()
+
+
+def test_a_torch_module_on_the_gpu_has_its_own_program_compiled_whole_among_the_finalists(tmp_path):
+    """On a GPU: handed a PyTorch module, ``optimize`` races inductor compiling the user's own
+    program whole (``torch.compile`` of the module) against its placements of its graph."""
+    require_gpu()
+    import collage
+
+    torch.manual_seed(0)
+    model, x = TwoLayers().eval(), torch.randn(4, 16)
+    opt = collage.optimize(model, example_inputs=x, target="cuda", backends=["tvm", "inductor"],
+                           cost_log=tmp_path / "costs.sqlite", progress=False)  # fmt: skip
+    assert "inductor on the PyTorch module" in {str(name) for name in opt.record.finalists}, opt.report()
+    (actual,) = opt(x.numpy())
+    with torch.no_grad():
+        assert mismatch([actual], [model(x).numpy()]) is None

@@ -31,19 +31,23 @@ def test_an_onnx_file_or_modelproto_imports_and_is_kept_for_the_engines(tmp_path
     path = write_tiny_model(tmp_path / "tiny.onnx")
     proto = onnx.load(path)
     for source in (path, str(path), proto):
-        mod, onnx_model, _ = import_model(source)
+        imported = import_model(source)
+        mod = imported.mod
         # The file is read once, and that very model goes to the engines.
-        assert isinstance(mod, tvm.IRModule) and onnx_model == proto
+        assert isinstance(mod, tvm.IRModule) and imported.onnx_model == proto and imported.program is None
     assert import_model(proto).onnx_model is proto
     relax_mod = mod
-    assert import_model(relax_mod) == (relax_mod, None, None)
+    assert import_model(relax_mod) == (relax_mod, None, None, None)
 
 
 def test_a_torch_module_imports_for_its_example_inputs():
     torch.manual_seed(0)
     model, x = Tiny().eval(), torch.randn(1, 3, 8, 8)
-    mod, onnx_model, _ = import_model(model, example_inputs=x)
+    imported = import_model(model, example_inputs=x)
+    mod, onnx_model = imported.mod, imported.onnx_model
     assert [tuple(p.ty.shape) for p in mod["main"].params] == [(1, 3, 8, 8)]
+    # torch.export's program, for an engine that compiles the module whole (inductor)
+    assert isinstance(imported.program, torch.export.ExportedProgram)
     # torch.onnx.export's file, as the module's users would export it for an engine
     assert onnx_model.ir_version == 10 and onnx_model.opset_import[0].version == 17
     import onnxruntime as ort

@@ -42,9 +42,10 @@ _assembly_ids = itertools.count()
 @dataclass(frozen=True)
 class KernelSource:
     """What one kernel outside TVM was compiled from: a sub-graph of the model (compiled by
-    ``build.compile_kernel``), or an ONNX model an engine runs whole (``onnx_model``, by
-    ``Backend.compile_onnx``). ``alone``: compiled with the engine's users' own settings;
-    ``precision``: the number format it computes in."""
+    ``build.compile_kernel``), an ONNX model an engine runs whole (``onnx_model``, by
+    ``Backend.compile_onnx``), or the user's PyTorch program an engine compiles whole
+    (``program``, by ``Backend.compile_program``). ``alone``: compiled with the engine's users'
+    own settings; ``precision``: the number format it computes in."""
 
     backend: str
     pattern: str
@@ -52,6 +53,7 @@ class KernelSource:
     subgraph: SubGraph | None = None
     onnx_model: object | None = None  # onnx.ModelProto
     precision: str = FLOAT32
+    program: object | None = None  # torch.export.ExportedProgram
 
 
 @dataclass

@@ -79,7 +79,10 @@ class Backend:
     alone)``: a Kernel for an ONNX model (inputs, then outputs, in the model's order), which
     ``alone`` compiles with its users' own settings (threads left spinning between runs) for
     a kernel that nothing of another library runs beside: the whole model, from the user's
-    ONNX file or converted, or all of it but trivial ops. ``requires`` names the Python modules the library needs, and ``probe(target)``
+    ONNX file or converted, or all of it but trivial ops. An engine that compiles PyTorch
+    programs has ``compile_program(program, main, target, threads)``: a Kernel running the
+    user's own ``torch.export`` program whole, in place of the Relax ``main`` imported from it
+    (its inputs, then its outputs, in ``main``'s order). ``requires`` names the Python modules the library needs, and ``probe(target)``
     says why the library cannot run here (no GPU, no oneDNN in this torch build) or None;
     a backend that cannot run is excluded with that reason rather than failing later.
     ``compile_many(funcs, pattern_names, target)``, where a library compiles several
@@ -87,7 +90,7 @@ class Backend:
     returns one Kernel per function; the measurer then sends it candidates in batches.
     ``precisions(target)`` names the reduced precisions (``candidates.precision``) the library
     computes in natively here, besides float32; with an accuracy budget each candidate is
-    offered in them too, and ``compile``/``compile_onnx`` then get ``precision=`` as well.
+    offered in them too, and the compile functions then get ``precision=`` as well.
     ``graph_safe`` declares that on CUDA its kernels enqueue all their work on TVM's current
     stream and never wait on the host, so that a CUDA graph may capture them
     (``cuda_graph_blocker``): TVM then runs a module's static regions, library kernels
@@ -99,6 +102,7 @@ class Backend:
     targets: tuple[str, ...]
     compile: Callable[[relax.Function, str, str], Kernel] | None
     compile_onnx: Callable[..., Kernel] | None = None
+    compile_program: Callable[..., Kernel] | None = None
     compile_many: Callable[[list[relax.Function], list[str], str], list[Kernel]] | None = None
     patterns: tuple[Pattern, ...] = ()
     rules: tuple[PatternRule, ...] = ()

@@ -4,7 +4,8 @@ and which of them an accuracy budget leaves in.
 ``placements`` picks them from the measured candidates: the op-level DP's, each inference
 engine alone on the whole model (or its regions with TVM for the rest), in float32 and in
 each reduced precision a backend offers; ``engines_on_file`` adds each engine running the
-user's own ONNX file; ``within_budget`` holds every finalist that computes in a reduced
+user's own ONNX file, ``engines_on_program`` each compiling the user's own PyTorch module;
+``within_budget`` holds every finalist that computes in a reduced
 precision to the accuracy budget, ``repaired`` bringing the op-level one back within it
 partition by partition; ``best_engine`` names the engine the graph-level search refines
 with. ``collage.api`` wires these; the race itself is ``placing.finalists``.
@@ -13,6 +14,7 @@ with. ``collage.api`` wires these; the race itself is ``placing.finalists``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from ..assembling.checked import assemble_and_check
 from ..candidates.backend import GRAPH_LEVEL, REFERENCE_BACKEND
@@ -24,7 +26,7 @@ from ..measuring.cost import cpu_info
 from ..measuring.build import device_for
 from ..measuring.arrays import numpy_outputs, relative_error, to_tensors
 from ..model.prepare import Model
-from ..placing.engine_alone import EngineAloneFailed, checked_on_file
+from ..placing.engine_alone import EngineAloneFailed, checked_on_file, checked_on_program
 from ..placing.finalists import Finalist
 from ..placing.placement import Partition, Placement, place
 from ..record import KERNELS_ONLY, OP_LEVEL, OP_LEVEL_REDUCED, FinalistKind, FinalistName, RunRecord
@@ -167,19 +169,35 @@ def engines_on_file(original, graph, usable, model, expected, arrays, config: Co
     the unoptimized module, in float32 and in each reduced precision it ``offered`` (OpenVINO
     in bfloat16: its own default on CPUs that compute it natively, as its users run it); one
     that cannot, or computes otherwise, is left out with why (in ``notes``)."""
+    engines = [b for b in usable if b.kind == GRAPH_LEVEL and b.compile_onnx is not None]
+    check = functools.partial(checked_on_file, original, graph, model=model, check=(arrays, expected))
+    return _engines_on(engines, check, FinalistKind.ENGINE_ON_FILE, "file", config, offered, notes)
+
+
+def engines_on_program(original, graph, usable, program, expected, arrays, config: Config, offered: dict,
+                       notes: dict) -> dict[FinalistName, Finalist]:
+    """Each engine that compiles PyTorch programs (inductor) compiling the user's own
+    ``program`` whole, as ``torch.compile`` of their module would, checked and left out as
+    ``engines_on_file`` does: on a model handed over as a PyTorch module, collage is never
+    slower than that call either."""
+    engines = [b for b in usable if b.compile_program is not None]
+    check = functools.partial(checked_on_program, original, graph, program=program, check=(arrays, expected))
+    return _engines_on(engines, check, FinalistKind.ENGINE_ON_PROGRAM, "module", config, offered, notes)
+
+
+def _engines_on(engines, check, kind: FinalistKind, what: str, config: Config, offered: dict,
+                notes: dict) -> dict[FinalistName, Finalist]:  # fmt: skip
     finalists = {}
-    for backend in usable:
-        if backend.kind != GRAPH_LEVEL or backend.compile_onnx is None:
-            continue
+    for backend in engines:
         for precision in (FLOAT32, *offered.get(backend.name, ())):
             at = "" if precision == FLOAT32 else f" in {short(precision)}"
             try:
-                finalist = checked_on_file(original, graph, backend, model, (arrays, expected), config.target,
-                                           config.threads, precision, config.accuracy)  # fmt: skip
+                finalist = check(backend=backend, target=config.target, threads=config.threads, precision=precision,
+                                 budget=config.accuracy)  # fmt: skip
             except EngineAloneFailed as err:
-                notes[f"{backend.name} file{at}"] = str(err)
+                notes[f"{backend.name} {what}{at}"] = str(err)
                 continue
-            finalists[FinalistName(FinalistKind.ENGINE_ON_FILE, backend.name, precision=precision)] = finalist
+            finalists[FinalistName(kind, backend.name, precision=precision)] = finalist
     return finalists
 
 def best_engine(engines, alone: dict[str, FinalistName], finalists: dict[FinalistName, Finalist], race):

@@ -12,6 +12,8 @@
     kernels/K.onnx    an ONNX model an engine runs with its users' settings, whole or all
                       but trivial ops: the user's own file, or collage's conversion (read
                       back faster than TVM's JSON of a whole model's weights)
+    kernels/K.pt2     the user's PyTorch program (``torch.export.save``) an engine compiles
+                      whole (inductor), in place of ``main``
     main.json         where ``main`` is one engine's kernel: that ``main`` (TVM's JSON), so
                       the loaded module calls the kernel without the VM, as ``opt(x)`` does
 
@@ -45,7 +47,7 @@ from ..candidates.backend import Backend, BackendSet, default_backends, installe
 from ..candidates.onnx_convert import to_onnx
 from ..candidates.precision import FLOAT32
 from ..measuring.cost import Device
-from ..measuring.build import compile_kernel, compile_module, compile_onnx_kernel, device_for
+from ..measuring.build import compile_kernel, compile_module, compile_onnx_kernel, compile_program_kernel, device_for
 from ..measuring.arrays import random_array, static_shape, to_tensors
 from ..measuring.threads import pin_threads
 from .saved import placement_record
@@ -84,7 +86,12 @@ def export(opt, path: str | os.PathLike) -> Path:
         onnx_model = source.onnx_model
         if onnx_model is None and source.alone and _reads_onnx(source.backend):
             onnx_model = to_onnx(source.subgraph.extract())  # what build.compile_kernel compiled it from
-        if onnx_model is not None:
+        if source.program is not None:
+            import torch
+
+            file = f"{KERNELS}/{k}.pt2"
+            torch.export.save(source.program, path / file)
+        elif onnx_model is not None:
             file = f"{KERNELS}/{k}.onnx"
             (path / file).write_bytes(onnx_model.SerializeToString())
         else:
@@ -280,6 +287,14 @@ def _kernel(entry: dict, backends: BackendSet, target: str, threads: int, path: 
 
         kernel, reason = compile_onnx_kernel(backend, onnx.load(file), target, threads, entry["alone"],
                                              entry.get("precision", FLOAT32))
+    elif file.suffix == ".pt2":  # the user's PyTorch program, compiled whole in place of main
+        import torch
+
+        if not (path / MAIN).is_file():
+            raise ExportError(f"{path}: the export lacks {MAIN}, the main its kernel {entry['name']} replaces")
+        main = tvm.ir.load_json((path / MAIN).read_text())
+        kernel, reason = compile_program_kernel(backend, torch.export.load(file), main, target, threads,
+                                                entry.get("precision", FLOAT32))
     else:
         func = tvm.ir.load_json(file.read_text())
         kernel, reason = compile_kernel(backend, func, entry["pattern"], target, threads, entry["alone"],

@@ -170,6 +170,13 @@ def compile_onnx_kernel(backend, model, target: str, threads: int, alone: bool =
     return _compiled(backend, target, lambda: backend.compile_onnx(model, target, threads, alone=alone, **reduced))
 
 
+def compile_program_kernel(backend, program, main: relax.Function, target: str, threads: int, precision: str = FLOAT32):
+    """An engine's kernel compiling the user's PyTorch ``program`` whole in place of ``main``
+    (``Backend.compile_program``), as ``compile_kernel`` returns one."""
+    reduced = {} if precision == FLOAT32 else {"precision": precision}
+    return _compiled(backend, target, lambda: backend.compile_program(program, main, target, threads, **reduced))
+
+
 def _compiled(backend, target: str, build):
     from ..candidates.backend import Unsupported
 

@@ -32,7 +32,7 @@ class Imported(NamedTuple):
     mod: tvm.IRModule
     onnx_model: object | None  # the ONNX model it came from, or torch's export of it, for the engines to run whole
     onnx_note: str | None = None  # why a PyTorch module has no ONNX export beside it
-
+    program: object | None = None  # a PyTorch module's torch.export program, for an engine that compiles it whole
 
 
 def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]] | None = None) -> Imported:
@@ -54,9 +54,9 @@ def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]]
     if torch is not None and isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
         if shapes:
             raise ModelImportError("shapes are for an ONNX model; a PyTorch module takes example_inputs of its shapes")
-        mod = load_torch(model, example_inputs)
+        program = export_program(model, example_inputs)
         exported, note = export_onnx(model, example_inputs)
-        return Imported(mod, exported, note)
+        return Imported(relax_of(program), exported, note, program)
     raise ModelImportError(
         f"cannot optimize a {type(model).__name__}: collage takes a Relax tvm.IRModule, an ONNX model (a file "
         "or an onnx.ModelProto) or a PyTorch module (torch.nn.Module with example_inputs)"
@@ -66,25 +66,35 @@ def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]]
 def load_torch(module, example_inputs) -> tvm.IRModule:
     """A PyTorch module (or exported program) as a Relax IRModule, by ``torch.export`` on
     ``example_inputs`` (a tensor or a tuple of them: the shapes it will be called with) and
-    TVM's importer, weights bound as constants. Inference only: a module in training mode is
-    refused, since its batch norms and dropouts would compute something else."""
+    TVM's importer, weights bound as constants."""
+    return relax_of(export_program(module, example_inputs))
+
+
+def export_program(module, example_inputs):
+    """``module`` as ``torch.export`` exports it for ``example_inputs`` (an exported program
+    as it is). Inference only: a module in training mode is refused, since its batch norms
+    and dropouts would compute something else."""
     import torch
-    from tvm.relax.frontend.torch import from_exported_program
 
     if isinstance(module, torch.nn.Module) and module.training:
         raise ModelImportError("the PyTorch module is in training mode; collage optimizes inference: call .eval() first")
     if isinstance(module, torch.export.ExportedProgram):
-        exported = module
-    else:
-        if example_inputs is None:
-            raise ModelImportError("a PyTorch module needs example_inputs: a tensor, or a tuple of them, of the shapes it takes")
-        inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-        try:
-            exported = torch.export.export(module, inputs)
-        except Exception as err:  # noqa: BLE001 -- torch.export's errors share no type
-            raise ModelImportError(f"torch.export cannot export the module: {type(err).__name__}: {first_line(err)}") from None
+        return module
+    if example_inputs is None:
+        raise ModelImportError("a PyTorch module needs example_inputs: a tensor, or a tuple of them, of the shapes it takes")
+    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     try:
-        return from_exported_program(exported, keep_params_as_input=False)
+        return torch.export.export(module, inputs)
+    except Exception as err:  # noqa: BLE001 -- torch.export's errors share no type
+        raise ModelImportError(f"torch.export cannot export the module: {type(err).__name__}: {first_line(err)}") from None
+
+
+def relax_of(program) -> tvm.IRModule:
+    """An exported program as a Relax IRModule, by TVM's importer, weights bound as constants."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    try:
+        return from_exported_program(program, keep_params_as_input=False)
     except Exception as err:  # noqa: BLE001 -- "Unsupported function types [...]" is an AssertionError
         raise ModelImportError(f"TVM's PyTorch importer cannot import it: {first_line(err)}") from None
 

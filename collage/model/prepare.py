@@ -44,6 +44,7 @@ class Model:
     config: Config
     arrays: list[np.ndarray]  # seeded inputs
     calibration: list[list[np.ndarray]]  # the user's input sets for the accuracy budget (or none)
+    program: object | None = None  # the PyTorch module's torch.export program, for an engine to compile whole
 
     @functools.cached_property
     def expected(self) -> list[np.ndarray]:
@@ -75,6 +76,7 @@ def prepare_model(
     params: Mapping[str, np.ndarray] | None = None,
     onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
     calibration: Iterable | None = None,
+    program=None,
 ) -> Model:
     """Bind, check and simplify ``mod``; gather the backends and the log; draw the seeded
     inputs; check the ``calibration`` sets (``checked_calibration``). ``OptimizeError`` for
@@ -95,7 +97,7 @@ def prepare_model(
             failed = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
     arrays = random_inputs(original["main"], config.seed)
     return Model(original, prepared, report, failed, asked, usable, excluded, log, onnx_model, config, arrays,
-                 calibration)  # fmt: skip
+                 calibration, program)  # fmt: skip
 
 
 def checked_calibration(main: relax.Function, sets: Iterable | None) -> list[list[np.ndarray]]:

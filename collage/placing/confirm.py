@@ -33,6 +33,7 @@ from ..measuring.arrays import to_tensors
 from ..measuring.timing import Protocol, block_calls, settle, timed_block
 from ..measuring.wire import unpack
 from . import elsewhere
+from .engine_alone import PROGRAM_SUFFIX
 from .finalists import Finalist, Race, Verdict, bound_call
 
 # Raced again only when the runner-up's paid time is within this share of the kept one's:
@@ -85,6 +86,10 @@ def confirm(finalists: dict, kept, second, request: Callable[[object], bytes], t
     unknown = {p.backend for name in (kept, second) for p in finalists[name].partitions} - set(default_backends().names())
     if unknown:
         result.skipped = f"{', '.join(sorted(unknown))} not registered for a fresh process"
+        return result
+    on_program = [str(n) for n in (kept, second) if any(p.pattern.endswith(PROGRAM_SUFFIX) for p in finalists[n].partitions)]
+    if on_program:
+        result.skipped = f"'{on_program[0]}' compiles the user's PyTorch module, which is not sent to another process"
         return result
     workers = {name: WorkerProcess(threads) for name in (kept, second)}
     for worker in workers.values():

@@ -5,7 +5,10 @@ never be slower than that. So when the model came as an ONNX file, each engine t
 ONNX (``Backend.compile_onnx``) runs that very file, with its users' settings, as one more
 finalist: ``main`` becomes one ``call_dps_packed`` of the engine's kernel on the caller's
 buffers. When it did not, the engine's largest region is the whole model as long as every op
-converts to ONNX, and ``blockers`` names the ops that keep it from being so.
+converts to ONNX, and ``blockers`` names the ops that keep it from being so. Likewise, when
+the model came as a PyTorch module, an engine that compiles PyTorch programs
+(``Backend.compile_program``: inductor) compiles the user's own program whole, as
+``torch.compile`` of the module would.
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ from .finalists import Finalist
 from .placement import Partition
 
 FILE_SUFFIX = ".model"  # the pattern name of an engine running the user's file: "<backend>.model"
+PROGRAM_SUFFIX = ".program"  # ... compiling the user's PyTorch program whole: "<backend>.program"
 
 _ids = itertools.count()
 
 
 class EngineAloneFailed(Exception):
-    """The engine cannot run the user's file in place of ``main``; the message says why."""
+    """The engine cannot run the user's file (or program) in place of ``main``; the message says why."""
 
 
 def blockers(graph: DataflowGraph, backend: Backend) -> dict[str, tuple[int, str]]:
@@ -74,11 +78,42 @@ def from_onnx_file(
             f"the ONNX file has {len(model.graph.output)} output(s); main returns {main.ret_ty}"
         )
     try:
-        reduced = {} if precision == FLOAT32 else {"precision": precision}
-        kernel = backend.compile_onnx(model, target, threads, alone=True, **reduced)
+        kernel = backend.compile_onnx(model, target, threads, alone=True, **_reduced(precision))
     except Exception as err:  # the engine's own refusal: this finalist is left out with it
         raise EngineAloneFailed(f"{backend.name} cannot run the ONNX file: {type(err).__name__}: {err}") from None
-    name = f"collage_alone_{next(_ids)}.{backend.name}"
+    source = KernelSource(backend.name, f"{backend.name}{FILE_SUFFIX}", alone=True, onnx_model=model, precision=precision)
+    return _in_place_of_main(original, graph, kernel, source)
+
+
+def from_program(
+    original: tvm.IRModule, graph: DataflowGraph, backend: Backend, program, target: str, threads: int = 0,
+    precision: str = FLOAT32,
+) -> tuple[Assembly, Partition]:
+    """``original``'s ``main`` as one call of ``backend`` running ``program`` (the user's
+    ``torch.export`` program ``main`` was imported from), and that call as a partition of
+    ``graph``. Raises ``EngineAloneFailed``."""
+    try:
+        kernel = backend.compile_program(program, original["main"], target, threads, **_reduced(precision))
+    except Exception as err:  # the engine's own refusal: this finalist is left out with it
+        raise EngineAloneFailed(f"{backend.name} cannot compile the PyTorch module: {type(err).__name__}: "
+                                f"{first_line(err)}") from None  # fmt: skip
+    source = KernelSource(backend.name, f"{backend.name}{PROGRAM_SUFFIX}", alone=True, program=program,
+                          precision=precision)  # fmt: skip
+    return _in_place_of_main(original, graph, kernel, source)
+
+
+def _reduced(precision: str) -> dict:
+    return {} if precision == FLOAT32 else {"precision": precision}
+
+
+def _in_place_of_main(original: tvm.IRModule, graph: DataflowGraph, kernel, source: KernelSource) -> tuple[Assembly, Partition]:
+    """``main`` as one ``call_dps_packed`` of ``kernel`` on the caller's buffers, and that
+    call as a partition of ``graph`` (cost unknown: nothing of it was measured)."""
+    main = original["main"]
+    outputs = main.ret_ty.fields if isinstance(main.ret_ty, relax.TupleType) else [main.ret_ty]
+    if not all(isinstance(t, relax.TensorType) for t in outputs):
+        raise EngineAloneFailed(f"main returns {main.ret_ty}, not tensors only")
+    name = f"collage_alone_{next(_ids)}.{source.backend}"
     tvm.register_global_func(name, kernel, override=True)
     bb = relax.BlockBuilder()
     with bb.function("main", list(main.params), dict(main.attrs) if main.attrs else None):
@@ -86,9 +121,8 @@ def from_onnx_file(
             out_ty = list(outputs) if isinstance(main.ret_ty, relax.TupleType) else outputs[0]
             out = bb.emit_output(relax.call_dps_packed(name, relax.Tuple(list(main.params)), out_ty=out_ty))
         bb.emit_func_output(out)
-    whole = Candidate(SubGraph(graph, frozenset(range(len(graph)))), backend.name, f"{backend.name}{FILE_SUFFIX}", precision)
+    whole = Candidate(SubGraph(graph, frozenset(range(len(graph)))), source.backend, source.pattern, source.precision)
     partition = Partition(whole, Cost.unknown())
-    source = KernelSource(backend.name, partition.pattern, alone=True, onnx_model=model, precision=precision)
     return Assembly(bb.get(), [(partition, name, kernel)], {name: source}), partition
 
 
@@ -98,8 +132,22 @@ def checked_on_file(original: tvm.IRModule, graph: DataflowGraph, backend: Backe
     """``from_onnx_file``'s module, built and checked on ``check`` (inputs, the unoptimized
     module's outputs on them; within the accuracy ``budget`` for a reduced ``precision``), as a finalist. Raises ``EngineAloneFailed`` saying why not: the
     engine refuses the file, fails running it, or computes otherwise."""
+    return _checked(lambda: from_onnx_file(original, graph, backend, model, target, threads, precision), "the ONNX file",
+                    backend, check, target, precision, budget)  # fmt: skip
+
+
+def checked_on_program(original: tvm.IRModule, graph: DataflowGraph, backend: Backend, program,
+                       check: tuple[list, list], target: str, threads: int, precision: str = FLOAT32,
+                       budget: float | None = None) -> Finalist:  # fmt: skip
+    """``from_program``'s module, built and checked as ``checked_on_file`` checks the file's."""
+    return _checked(lambda: from_program(original, graph, backend, program, target, threads, precision),
+                    "the PyTorch module", backend, check, target, precision, budget)  # fmt: skip
+
+
+def _checked(assembled, what: str, backend: Backend, check: tuple[list, list], target: str, precision: str,
+             budget: float | None) -> Finalist:  # fmt: skip
     try:
-        assembly, partition = from_onnx_file(original, graph, backend, model, target, threads, precision)
+        assembly, partition = assembled()
         vm = build_vm(assembly.module, target, {name: backend for _, name, _ in assembly.kernels})
         arrays, expected = check
         problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected,
@@ -107,10 +155,10 @@ def checked_on_file(original: tvm.IRModule, graph: DataflowGraph, backend: Backe
     except EngineAloneFailed:
         raise
     except Exception as err:  # a library raising at build or run time: this finalist cannot be
-        raise EngineAloneFailed(f"{backend.name} failed running the ONNX file: {type(err).__name__}: {first_line(err)}") from None
+        raise EngineAloneFailed(f"{backend.name} failed running {what}: {type(err).__name__}: {first_line(err)}") from None
     if problem is not None:
         at = "" if precision == FLOAT32 else f" in {short(precision)}"
-        raise EngineAloneFailed(f"{backend.name}{at} on the ONNX file disagrees with the unoptimized module: {problem}")
+        raise EngineAloneFailed(f"{backend.name}{at} on {what} disagrees with the unoptimized module: {problem}")
     return Finalist([partition], assembly, vm, math.nan)
 
 

@@ -28,7 +28,7 @@ from ..candidates.precision import FLOAT32
 from ..candidates.subgraph import SubGraph
 from ..errors import PlacementFileError
 from ..model.graph import DataflowGraph
-from .engine_alone import FILE_SUFFIX
+from .engine_alone import FILE_SUFFIX, PROGRAM_SUFFIX
 from .placement import Partition
 from .substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .substitute import Step, replay
@@ -110,7 +110,15 @@ class RecordedPlacement:
     @property
     def runs_file(self) -> bool:
         """Whether it runs the user's ONNX file whole on one engine."""
-        return len(self.partitions) == 1 and self.partitions[0].pattern == f"{self.partitions[0].backend}{FILE_SUFFIX}"
+        return self._whole_on(FILE_SUFFIX)
+
+    @property
+    def runs_program(self) -> bool:
+        """Whether one engine compiles the user's PyTorch module whole."""
+        return self._whole_on(PROGRAM_SUFFIX)
+
+    def _whole_on(self, suffix: str) -> bool:
+        return len(self.partitions) == 1 and self.partitions[0].pattern == f"{self.partitions[0].backend}{suffix}"
 
     def to_json(self) -> dict:
         return {"model": self.model.to_json(), "substitutions": [list(s) for s in self.substitutions],
