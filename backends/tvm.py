@@ -15,7 +15,7 @@ from tvm import relax
 from collage.candidates.backend import OP_LEVEL, Backend
 from collage.model.graph import CALLEES_ATTR
 from collage.candidates.pattern import PatternRule
-from collage.measuring.build import as_module, device_for
+from collage.measuring.build import as_module, device_for, tvm_compile
 
 
 def probe(target: str) -> str | None:
@@ -51,7 +51,7 @@ class Kernel:
 def compile(func: relax.Function, pattern: str, target: str, threads: int) -> Kernel:
     # TVM's thread pool is the process's, sized once when it starts (``collage.measuring.threads``).
     device = device_for(target)
-    return Kernel(func, relax.VirtualMachine(tvm.compile(as_module(func), target=target), device), device)
+    return Kernel(func, relax.VirtualMachine(tvm_compile(as_module(func), target), device), device)
 
 
 def compile_many(funcs: list[relax.Function], patterns: list[str], target: str, threads: int) -> list[Kernel]:
@@ -64,7 +64,7 @@ def compile_many(funcs: list[relax.Function], patterns: list[str], target: str, 
     mod = tvm.IRModule({f"candidate_{k}": func.with_attr("global_symbol", f"candidate_{k}")
                         for k, func in enumerate(funcs) if k not in alone})  # fmt: skip
     device = device_for(target)
-    vm = relax.VirtualMachine(tvm.compile(mod, target=target), device) if len(mod.functions) else None
+    vm = relax.VirtualMachine(tvm_compile(mod, target), device) if len(mod.functions) else None
     return [compile(func, pattern, target, threads) if k in alone else Kernel(func, vm, device, f"candidate_{k}")
             for k, (func, pattern) in enumerate(zip(funcs, patterns))]  # fmt: skip
 

@@ -268,66 +268,6 @@ def test_near_neutral_elements_are_kept():
     assert report.applied("add_zero") == report.applied("multiply_one") == 0
 
 
-def test_small_whole_powers_become_multiplications():
-    @I.ir_module
-    class Before:
-        @R.function
-        def main(x: R.Tensor((2, 4), "float32")) -> R.Tensor((2, 4), "float32"):
-            with R.dataflow():
-                a = R.power(x, R.const(3.0, "float32"))  # GPT-2's GELU
-                b = R.power(a, R.const(np.full((4,), 2.0, "float32")))  # the variance of an RMSNorm
-                y = R.power(b, R.const(0.5, "float32"))  # not whole: kept
-                z = R.power(y, R.const(5.0, "float32"))  # large: one kernel is cheaper
-                R.output(z)
-            return z
-
-    @I.ir_module
-    class Expected:
-        @R.function
-        def main(x: R.Tensor((2, 4), "float32")) -> R.Tensor((2, 4), "float32"):
-            with R.dataflow():
-                lv = R.multiply(x, x)
-                a = R.multiply(lv, x)
-                b = R.multiply(a, a)
-                y = R.power(b, R.const(0.5, "float32"))
-                z = R.power(y, R.const(5.0, "float32"))
-                R.output(z)
-            return z
-
-    after, report = _simplify(Before)
-    tvm.ir.assert_structural_equal(after, Expected)
-    assert report.applied("power_as_multiplies") == 2
-
-
-def test_a_power_that_broadcasts_its_base_is_kept():
-    @I.ir_module
-    class Before:
-        @R.function
-        def main(x: R.Tensor((4,), "float32")) -> R.Tensor((2, 4), "float32"):
-            with R.dataflow():
-                y = R.power(x, R.const(np.full((2, 4), 2.0, "float32")))
-                R.output(y)
-            return y
-
-    after, report = _simplify(Before)
-    tvm.ir.assert_structural_equal(after, Before)
-
-
-def test_gpt2_on_the_gpu_computes_no_power_of_a_negative_base():
-    """TVM builds CUDA with nvcc's fast math, whose powf is NaN for any negative base: once
-    simplified, GPT-2's GELU compiles for the GPU without powf (checked without a GPU)."""
-    from collage.measuring.build import compile_module
-
-    mod = collage.simplify(models.load("gpt2", small=True).relax)
-    sm90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    modules, sources = [compile_module(mod, sm90).mod], []
-    while modules:
-        module = modules.pop()
-        modules += list(module.imports)
-        sources += [module.inspect_source()] if module.kind == "cuda" else []
-    assert sources and not any("powf" in source for source in sources)
-
-
 def test_broadcast_to_own_shape_is_removed_and_a_real_broadcast_kept():
     @I.ir_module
     class Before:

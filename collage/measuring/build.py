@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from ..candidates.backend import Backend, cuda_graph_blocker
@@ -203,17 +204,59 @@ def build_vm(mod: tvm.IRModule, target: str = "llvm", kernels: Mapping[str, Back
 
 
 def compile_module(mod: tvm.IRModule, target="llvm", kernels: Mapping[str, Backend] | None = None):
-    """``mod`` compiled by TVM's default pipeline for ``target``. For CUDA, with CUDA graphs
-    unless ``module_cuda_graph_blocker`` says why not: ``kernels`` names the backend of each
-    library kernel ``mod`` calls (``kernel_backends``), and only graph-safe ones may be
-    captured."""
+    """``mod`` compiled by TVM's default pipeline for ``target`` (``tvm_compile``). For CUDA,
+    with CUDA graphs unless ``module_cuda_graph_blocker`` says why not: ``kernels`` names the
+    backend of each library kernel ``mod`` calls (``kernel_backends``), and only graph-safe
+    ones may be captured."""
     if not is_cuda(target) or module_cuda_graph_blocker(mod, kernels) is not None:
-        return tvm.compile(mod, target=target)
+        return tvm_compile(mod, target)
     outer = tvm.transform.PassContext.current()  # keep what a caller set; add the switch
     with tvm.transform.PassContext(opt_level=outer.opt_level, required_pass=list(outer.required_pass),
                                    disabled_pass=list(outer.disabled_pass),
                                    config={**dict(outer.config), USE_CUDA_GRAPH: True}):  # fmt: skip
-        return tvm.compile(mod, target=target)
+        return tvm_compile(mod, target)
+
+
+def tvm_compile(mod: tvm.IRModule, target):
+    """``tvm.compile`` of ``mod`` for ``target``; for CUDA, each power of a small whole
+    exponent first written as multiplications (``powers_as_multiplies``)."""
+    return tvm.compile(powers_as_multiplies(mod) if is_cuda(target) else mod, target=target)
+
+
+# Up to this exponent a power is written as multiplications for CUDA; above it stays a power.
+LARGEST_WHOLE_POWER = 4
+
+
+def powers_as_multiplies(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with ``power(x, n)`` for a whole ``n`` from 2 to ``LARGEST_WHOLE_POWER`` as
+    ``x * x ...``: exact, and cheaper. TVM compiles CUDA with nvcc's ``--use_fast_math``,
+    whose ``powf`` is ``exp2(n * log2(x))``: NaN for every negative ``x``, whatever ``n`` (TVM
+    warns of it when it lowers a power of 3 or more). GPT-2's GELU (``0.044715 * x ** 3``) and
+    the variance of Llama's and T5's RMSNorm (``x ** 2``) put NaN in every output. Done here,
+    where TVM builds for CUDA, not to the model: the engines' fusions (ONNX Runtime's RMSNorm
+    and ReduceL2) match the power as exporters write it."""
+    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+    base, exponent = wildcard(), is_const()
+    power = is_op("relax.power")(base, exponent)
+
+    def multiplied(call: relax.Call, matches) -> relax.Expr:
+        x, n = matches[base], matches[exponent].value.numpy()
+        if n.size == 0 or np.any(n != n.flat[0]) or not tvm_ffi.structural_equal(call.ty, x.ty):
+            return call  # exponents that differ, or ones that broadcast or cast x
+        n = float(n.flat[0])
+        if n != int(n) or not 2 <= n <= LARGEST_WHOLE_POWER:
+            return call
+        product = x
+        for _ in range(int(n) - 1):
+            product = relax.op.multiply(product, x)
+        return product
+
+    rewritten = mod.clone()
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewritten[gvar] = rewrite_call(power, multiplied, func)
+    return rewritten
 
 
 def module_cuda_graph_blocker(mod: tvm.IRModule, kernels: Mapping[str, Backend] | None = None) -> str | None:

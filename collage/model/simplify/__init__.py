@@ -1,6 +1,6 @@
 """Graph simplification before placement: ``simplify(mod)`` and its report.
 
-``pipeline`` wires the steps together; ``batch_norm``, ``identities``, ``powers``, ``transposes`` and
+``pipeline`` wires the steps together; ``batch_norm``, ``identities``, ``transposes`` and
 ``constants`` hold the hand-written rewrites (the ones TVM has no pass for), each a
 ``tvm.relax.dpl`` pattern with its replacement (``pattern_rewrite``).
 """

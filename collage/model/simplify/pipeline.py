@@ -25,7 +25,6 @@ from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE
 from .idioms import (CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_ON_ALL_AXES, MATRIX_WEIGHT, MERGE_CLIPS,
                      TE_CALLS_AS_OPS, WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
 from .ops import binding_count, op_count
-from .powers import POWER_AS_MULTIPLIES
 from .transposes import COMPOSE_PERMUTE_DIMS, IDENTITY_PERMUTE_DIMS, MATMUL_OF_TRANSPOSES
 
 
@@ -79,7 +78,6 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     MERGE_CONSTANT_ADDS,
     ADD_ZERO,
     MULTIPLY_ONE,
-    POWER_AS_MULTIPLIES,
     BROADCAST_TO_SAME_SHAPE,
     TvmPass("RemoveRedundantReshape", transform.RemoveRedundantReshape),
     LINEAR_ON_ALL_AXES,
