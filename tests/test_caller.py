@@ -161,6 +161,23 @@ def test_onnx_runtime_alone_is_handed_the_users_arrays_through_its_own_call(mlp)
     assert np.abs(got[0] - expected).max() <= 1e-4 * np.abs(expected).max()
 
 
+def test_onnx_runtime_alone_checks_the_users_arrays_in_its_own_call_and_collage_says_what_is_wrong(mlp):
+    """On numpy arrays ONNX Runtime's own call checks each dtype and shape (in C++, as for its
+    users), so collage's checks cost nothing a call; an array it refuses still gets
+    collage's one line naming the input, not the engine's message beneath it."""
+    w, graph, _ = mlp
+    caller, _ = caller_for(graph, engine_alone(graph, "onnxruntime"))
+    handed, plain = [], caller._plain
+    caller._plain = lambda arrays: handed.append(arrays) or plain(arrays)
+    x = draws(w, 1)[0]
+    assert caller.numpy(x)[0].shape == (1, 10) and handed[-1][0] is x  # the user's array itself
+    for wrong, message in ((np.ones((1, 784)), r"got float64\[1, 784\]"), (np.ones((2, 784), "float32"), r"got float32\[2, 784\]")):
+        with pytest.raises(ValueError, match=r"input '.*' must be float32\[1, 784\], " + message) as err:
+            caller.numpy(wrong)
+        assert handed[-1][0] is wrong  # the engine checked it first
+        assert err.value.__context__ is None and err.value.__cause__ is None
+
+
 def test_onnx_runtimes_plain_call_is_its_run_on_arrays_already_checked(mlp):
     """``Kernel.plain`` skips only what ``InferenceSession.run`` checks again in Python (every
     input given, none another session's value): the same outputs as ``run``; and an ONNX
