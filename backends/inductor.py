@@ -137,4 +137,5 @@ BACKEND = Backend(
     library=f"inductor in PyTorch {installed_version('torch')} (torch.compile)",
     precisions=lambda target: (TF32, BFLOAT16),
     graph_safe=True,
+    compile_cache=True,
 )

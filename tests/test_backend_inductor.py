@@ -150,3 +150,27 @@ def test_a_torch_module_on_the_gpu_has_its_own_program_compiled_whole_among_the_
     (actual,) = opt(x.numpy())
     with torch.no_grad():
         assert mismatch([actual], [model(x).numpy()]) is None
+
+
+def test_candidates_compiled_ahead_in_parallel_processes_are_cache_hits_where_measured(tmp_path, monkeypatch):
+    """Inductor's candidates are compiled first by a pool of processes (``measuring.warm``):
+    the compile where each is then measured hits the FX graph cache they left on disk.
+    Inductor serves CUDA only; compiling C++ for the CPU takes the same path here."""
+    import dataclasses
+
+    from torch._dynamo.utils import counters
+
+    from collage.measuring.runner import MeasureTask
+    from collage.measuring.timing import Timing
+    from collage.measuring.warm import warm
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    on_cpu = dataclasses.replace(BACKEND, targets=("llvm",), probe=None, requires=("torch",))  # no triton here
+    graph = zoo_graph("mlp", simplified=True)
+    candidates = generate(graph, [BACKEND])[:2]
+    tasks = [MeasureTask(on_cpu, c.subgraph.extract(), c.pattern, "llvm", 1, 0, Timing()) for c in candidates]
+    assert warm(tasks, processes=2) == 2
+    counters.clear()
+    inductor.compile(tasks[0].func, tasks[0].pattern, "llvm", 1)
+    assert counters["inductor"]["fxgraph_cache_hit"] == 1 and counters["inductor"]["fxgraph_cache_miss"] == 0
+    assert warm(tasks[:1], processes=2) == 0  # one candidate: compiled where it is measured

@@ -94,7 +94,10 @@ class Backend:
     ``graph_safe`` declares that on CUDA its kernels enqueue all their work on TVM's current
     stream and never wait on the host, so that a CUDA graph may capture them
     (``cuda_graph_blocker``): TVM then runs a module's static regions, library kernels
-    included, as CUDA graphs, recorded once and replayed without Python.
+    included, as CUDA graphs, recorded once and replayed without Python. ``compile_cache``
+    declares that its compiles keep an on-disk cache that the same compile in another
+    process hits (inductor's FX graph cache): its candidates are then compiled first in
+    parallel processes (``measuring.warm``), and the measuring worker's compiles hit it.
     """
 
     name: str
@@ -111,6 +114,7 @@ class Backend:
     library: str = ""  # what real library it drives, for reports
     precisions: Callable[[str], tuple[str, ...]] | None = None  # reduced precisions it runs natively here
     graph_safe: bool = False  # on TVM's CUDA stream, no host wait: a CUDA graph may capture its kernels
+    compile_cache: bool = False  # its compiles leave an on-disk cache another process's compile hits
 
     def __post_init__(self):
         if self.kind not in (OP_LEVEL, GRAPH_LEVEL):

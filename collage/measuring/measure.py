@@ -36,6 +36,7 @@ from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
 from .runner import MeasureResult, MeasureTask
 from .isolation import shared_worker
+from .warm import processes_here, warm
 from .meters import EnergyMeter
 from .build import intermediate_values
 from .transition import TransitionTask
@@ -188,6 +189,7 @@ class Measurer:
                 batched.setdefault(c.backend, []).append(c)
         batches = [batch for same in batched.values() for batch in self._batches(same)]
         alone = [c for c in todo if not in_batches(c)]
+        self._warm([c for c in alone if self.backends[c.backend].compile_cache])
         with tqdm(total=len(todo), desc="measuring", unit="candidate", disable=not progress or not todo,
                   file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5) as bar:
             # Whole-model candidates first: what they cost bounds the rest, as the transitions
@@ -205,6 +207,15 @@ class Measurer:
                 self._costs[self.key(c)] = Cost.invalid(skip.reason)
                 bar.update()
             self._measure_many(measured, bar)
+
+    def _warm(self, candidates: list[Candidate]) -> None:
+        """``candidates`` compiled first, in parallel processes (``warm``), where they are
+        measured on this machine: the worker's compile of each is then a hit of the on-disk
+        cache they leave."""
+        if len(candidates) < 2 or getattr(self.runner, "fleet", None) is not None:
+            return
+        tasks = [task for c in candidates if isinstance(task := self._task(c), MeasureTask)]
+        warm(tasks, processes_here())
 
     def _batches(self, candidates: list[Candidate]) -> list[list[Candidate]]:
         """``candidates`` in batches of at most ``BATCH``, and at least one per server of the
