@@ -58,6 +58,10 @@ def test_a_torch_module_imports_for_its_example_inputs():
         np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-5)
     exported = torch.export.export(model, (x,))
     assert isinstance(import_model(exported).mod, tvm.IRModule)
+    # An exported program (what torch.compile's backend hands over) keeps its ONNX export too.
+    from_program = import_model(exported, example_inputs=x)
+    assert from_program.program is exported and from_program.onnx_note is None
+    assert {"Conv", "Relu"} <= {n.op_type for n in from_program.onnx_model.graph.node}
 
 
 @pytest.mark.parametrize(

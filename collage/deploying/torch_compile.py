@@ -3,9 +3,10 @@
 The package registers ``collage_backend`` under PyTorch's ``torch_dynamo_backends`` entry
 point, so ``backend="collage"`` works once collage is installed. Dynamo hands over each graph
 it captured (several when the model has graph breaks); each is exported again with the
-shapes it is called with (``torch.export``, its weights frozen as constants), imported by
-TVM's PyTorch frontend, and optimized by ``collage.optimize``; ``options`` are optimize's
-keyword arguments::
+shapes it is called with (``torch.export``, its weights frozen as constants) and handed to
+``collage.optimize`` as that program, which TVM's PyTorch frontend imports (the engines also
+run ``torch.onnx.export``'s file of it, and on the GPU inductor compiles it whole, as
+``torch.compile`` of the graph would); ``options`` are optimize's keyword arguments::
 
     compiled = torch.compile(model, backend="collage", options={"backends": ["tvm", "onnxruntime"]})
     with torch.no_grad():
@@ -28,7 +29,6 @@ import tvm
 from .. import api
 from ..config import Config
 from ..errors import OptimizeError
-from ..model.frontend import export_onnx
 
 # What ``options`` may set: each setting of a ``Config``, and what optimize takes beside them.
 ARGUMENTS = ("backends", "cost_log", "meter")
@@ -124,8 +124,8 @@ class CompiledGraph:
     def _optimized(self, args):
         key = tuple(tuple(args[k].shape) for k in self.inputs) + tuple(int(args[k]) for k in self.sizes)
         if key not in self.optimized:
-            mod, onnx_model = relax_module(self.gm, args, self.weights)
-            self.optimized[key] = api.optimize_with(self.config, mod, onnx_model=onnx_model, **self.arguments)
+            program, inputs = exported(self.gm, args, self.weights)
+            self.optimized[key] = api.optimize_with(self.config, program, example_inputs=inputs, **self.arguments)
             self.mains[key] = self.optimized[key].main
         return self.mains[key]
 
@@ -137,17 +137,15 @@ def _dlpack_ready(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def relax_module(gm: torch.fx.GraphModule, args, weights: dict[int, torch.Tensor]) -> tuple[tvm.IRModule, object]:
-    """``gm`` as a Relax module for these very ``args`` (the inputs that are not weights
-    become ``main``'s parameters, the weights constants, sizes their values), and as
-    ``torch.onnx.export`` writes it (None where it cannot), for each engine to run whole."""
-    from tvm.relax.frontend.torch import from_exported_program
-
+def exported(gm: torch.fx.GraphModule, args, weights: dict[int, torch.Tensor]):
+    """``gm`` as ``torch.export`` exports it for these very ``args`` (the inputs that are not
+    weights become its inputs, the weights constants, sizes their values), and those inputs.
+    Handed the program, ``optimize`` imports it into Relax, runs each engine on
+    ``torch.onnx.export``'s file of it (where that exporter can write one), and on the GPU
+    has inductor compile it whole, as ``torch.compile`` of the graph would."""
     frozen = _Frozen(gm, args, weights)
     inputs = tuple(a.detach() for k, a in enumerate(args) if k not in weights and isinstance(a, torch.Tensor))
-    exported = torch.export.export(frozen, inputs)
-    onnx_model, _ = export_onnx(frozen, inputs)  # a graph torch's exporter cannot take is placed without it
-    return from_exported_program(exported, keep_params_as_input=False), onnx_model
+    return torch.export.export(frozen, inputs), inputs
 
 
 class _Frozen(torch.nn.Module):

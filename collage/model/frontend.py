@@ -118,7 +118,10 @@ def export_onnx(module, example_inputs) -> tuple[object | None, str | None]:
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(module, inputs, buffer, dynamo=False, opset_version=OPSET)
+            # PRESERVE: the exporter would switch the module to eval mode itself, which an
+            # exported program's module refuses (a module in training mode never gets here).
+            torch.onnx.export(module, inputs, buffer, dynamo=False, opset_version=OPSET,
+                              training=torch.onnx.TrainingMode.PRESERVE)
         model = onnx.load_from_string(buffer.getvalue())
     except Exception as err:  # noqa: BLE001 -- the exporter's errors share no type
         return None, f"torch.onnx.export cannot export the module: {type(err).__name__}: {first_line(err)}"
