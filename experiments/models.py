@@ -737,11 +737,16 @@ MODELS: dict[str, ModelSpec] = {
     ),
     "inception_v3": ModelSpec(InceptionV3, (1, 3, 299, 299), (1, 3, 107, 107), description="Inception-v3"),
     "squeezenet": ModelSpec(SqueezeNet11, (1, 3, 224, 224), (1, 3, 64, 64), description="SqueezeNet 1.1"),
-    "dcgan": ModelSpec(DCGANGenerator, (1, 100, 1, 1), (1, 100, 1, 1), description="DCGAN generator"),
+    "dcgan": ModelSpec(DCGANGenerator, (1, 100, 1, 1), (1, 100, 1, 1), description="DCGAN generator",
+                       small_build=functools.partial(DCGANGenerator, ngf=16)),  # its layers at a quarter of the width
     "nasnet_mobile": ModelSpec(NASNetAMobile, (1, 3, 224, 224), (1, 3, 64, 64), description="NASNet-A (mobile)"),
     "r3d18": ModelSpec(R3D18, (1, 3, 8, 112, 112), (1, 3, 4, 32, 32), description="R3D-18, 8-frame 112x112 clip"),
     "bert": ModelSpec(
-        BertEncoder, (1, 128), (1, 16), torch.int64, description="BERT-base, sequence length 128", vocab=30522
+        BertEncoder, (1, 128), (1, 16), torch.int64, description="BERT-base, sequence length 128", vocab=30522,
+        # The test suite's: BERT's every operator at 2 layers, 128 wide (BERT-base's 110M weights
+        # took each test that compiles it 10-30 s).
+        small_build=functools.partial(BertEncoder, num_hidden_layers=2, hidden_size=128, num_attention_heads=2,
+                                      intermediate_size=512),
     ),
     "mlp": ModelSpec(MLP, (1, 784), (1, 784), description="MLP 784-512-256-10"),
     "mobilenet_v2": ModelSpec(MobileNetV2, (1, 3, 224, 224), (1, 3, 64, 64), description="MobileNetV2 (width 1.0)"),
