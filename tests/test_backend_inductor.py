@@ -168,9 +168,13 @@ def test_candidates_compiled_ahead_in_parallel_processes_are_cache_hits_where_me
     on_cpu = dataclasses.replace(BACKEND, targets=("llvm",), probe=None, requires=("torch",))  # no triton here
     graph = zoo_graph("mlp", simplified=True)
     candidates = generate(graph, [BACKEND])[:2]
-    tasks = [MeasureTask(on_cpu, c.subgraph.extract(), c.pattern, "llvm", 1, 0, Timing()) for c in candidates]
+    threads = torch.get_num_threads()  # as the worker measuring them runs (C++ for the CPU is keyed on it)
+    tasks = [MeasureTask(on_cpu, c.subgraph.extract(), c.pattern, "llvm", threads, 0, Timing()) for c in candidates]
     assert warm(tasks, processes=2) == 2
     counters.clear()
-    inductor.compile(tasks[0].func, tasks[0].pattern, "llvm", 1)
-    assert counters["inductor"]["fxgraph_cache_hit"] == 1 and counters["inductor"]["fxgraph_cache_miss"] == 0
+    inductor.compile(tasks[0].func, tasks[0].pattern, "llvm", threads)
+    found = {k: dict(v) for k, v in counters.items()}
+    # Not lowered again: inductor's FX graph cache (or AOTAutograd's, which holds its key) hit.
+    hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    assert hits >= 1 and counters["inductor"]["fxgraph_cache_miss"] == 0, found
     assert warm(tasks[:1], processes=2) == 0  # one candidate: compiled where it is measured

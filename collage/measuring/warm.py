@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from .build import compile_kernel
 from .runner import MeasureTask
+from .threads import pin_threads
 
 # Each process of the pool compiles one candidate at a time; inductor's own pool of compile
 # processes per process is sized to the cores each gets (its size is not part of the cache key).
@@ -54,6 +55,7 @@ def _compiles(pickled: bytes) -> bool:
     import cloudpickle
 
     task: MeasureTask = cloudpickle.loads(pickled)
+    pin_threads(task.threads)  # on the worker's threads, as its compile will be
     kernel, reason = compile_kernel(task.backend, task.func, task.pattern, task.target, task.threads,
                                     precision=task.precision)  # fmt: skip
     return reason is None
