@@ -90,8 +90,8 @@ class Caller:
             self._checked(arrays)
             raise failure
         arrays = self._checked(arrays)
-        if self._plain is not None:
-            return self._plain([a if a.flags.c_contiguous else a.copy(order="C") for a in arrays])
+        if self._plain is not None:  # torch tensors, lists: as numpy arrays, any layout
+            return self._plain(arrays)
         with self._lock:
             if self._views is not None:
                 for view, array in zip(self._views, arrays):

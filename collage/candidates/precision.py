@@ -51,6 +51,12 @@ def reduced(partitions) -> bool:
     return any(p.candidate.precision != FLOAT32 for p in partitions)
 
 
+def precision_argument(precision: str) -> dict:
+    """The ``precision=`` keyword a backend's compile function gets: only for a reduced
+    precision, so a backend that offers none is never passed one (``Backend.precisions``)."""
+    return {} if precision == FLOAT32 else {"precision": precision}
+
+
 def short(precision: str) -> str:
     """The short name reports use: f32, bf16, int8."""
     return {FLOAT32: "f32", BFLOAT16: "bf16", TF32: "tf32"}.get(precision, precision)

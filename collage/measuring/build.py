@@ -18,7 +18,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..candidates.backend import Backend, cuda_graph_blocker
-from ..candidates.precision import FLOAT32
+from ..candidates.precision import FLOAT32, precision_argument
 from ..errors import first_line
 from .arrays import empty_outputs, mismatch, numpy_outputs, random_inputs, static_shape, to_tensors
 
@@ -159,7 +159,7 @@ def compile_kernel(backend, func: relax.Function, pattern: str, target: str, thr
     partition that nothing of another library runs beside."""
     from ..candidates.onnx_convert import to_onnx
 
-    reduced = {} if precision == FLOAT32 else {"precision": precision}
+    reduced = precision_argument(precision)
     if alone and backend.compile_onnx is not None:
         return _compiled(backend, target, lambda: backend.compile_onnx(to_onnx(func), target, threads, alone=True, **reduced))
     return _compiled(backend, target, lambda: backend.compile(func, pattern, target, threads, **reduced))
@@ -167,14 +167,14 @@ def compile_kernel(backend, func: relax.Function, pattern: str, target: str, thr
 
 def compile_onnx_kernel(backend, model, target: str, threads: int, alone: bool = True, precision: str = FLOAT32):
     """An inference engine's kernel for an ONNX model, as ``compile_kernel`` returns one."""
-    reduced = {} if precision == FLOAT32 else {"precision": precision}
+    reduced = precision_argument(precision)
     return _compiled(backend, target, lambda: backend.compile_onnx(model, target, threads, alone=alone, **reduced))
 
 
 def compile_program_kernel(backend, program, main: relax.Function, target: str, threads: int, precision: str = FLOAT32):
     """An engine's kernel compiling the user's PyTorch ``program`` whole in place of ``main``
     (``Backend.compile_program``), as ``compile_kernel`` returns one."""
-    reduced = {} if precision == FLOAT32 else {"precision": precision}
+    reduced = precision_argument(precision)
     return _compiled(backend, target, lambda: backend.compile_program(program, main, target, threads, **reduced))
 
 

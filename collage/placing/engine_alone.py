@@ -25,7 +25,7 @@ from ..assembling.assemble import Assembly, KernelSource
 from ..candidates.backend import Backend
 from ..candidates.generate import Candidate
 from ..candidates.onnx_convert import IR_VERSION, supports
-from ..candidates.precision import FLOAT32, short
+from ..candidates.precision import FLOAT32, precision_argument, short
 from ..candidates.subgraph import SubGraph
 from ..measuring.cost import Cost
 from ..measuring.build import build_vm, device_for
@@ -78,7 +78,7 @@ def from_onnx_file(
             f"the ONNX file has {len(model.graph.output)} output(s); main returns {main.ret_ty}"
         )
     try:
-        kernel = backend.compile_onnx(model, target, threads, alone=True, **_reduced(precision))
+        kernel = backend.compile_onnx(model, target, threads, alone=True, **precision_argument(precision))
     except Exception as err:  # the engine's own refusal: this finalist is left out with it
         raise EngineAloneFailed(f"{backend.name} cannot run the ONNX file: {type(err).__name__}: {err}") from None
     source = KernelSource(backend.name, f"{backend.name}{FILE_SUFFIX}", alone=True, onnx_model=model, precision=precision)
@@ -93,17 +93,13 @@ def from_program(
     ``torch.export`` program ``main`` was imported from), and that call as a partition of
     ``graph``. Raises ``EngineAloneFailed``."""
     try:
-        kernel = backend.compile_program(program, original["main"], target, threads, **_reduced(precision))
+        kernel = backend.compile_program(program, original["main"], target, threads, **precision_argument(precision))
     except Exception as err:  # the engine's own refusal: this finalist is left out with it
         raise EngineAloneFailed(f"{backend.name} cannot compile the PyTorch module: {type(err).__name__}: "
                                 f"{first_line(err)}") from None  # fmt: skip
     source = KernelSource(backend.name, f"{backend.name}{PROGRAM_SUFFIX}", alone=True, program=program,
                           precision=precision)  # fmt: skip
     return _in_place_of_main(original, graph, kernel, source)
-
-
-def _reduced(precision: str) -> dict:
-    return {} if precision == FLOAT32 else {"precision": precision}
 
 
 def _in_place_of_main(original: tvm.IRModule, graph: DataflowGraph, kernel, source: KernelSource) -> tuple[Assembly, Partition]:
