@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from .assembling.caller import CallPathTiming
 from .candidates.precision import FLOAT32, short
 from .measuring.cost import Cost
 from .placing.objective import Objective
@@ -119,5 +120,6 @@ class RunRecord:
     timed_on: str | None = None  # the server the finalists were timed on, when not here
     others_busy_cores: float | None = None  # what other processes took while finalists were timed
     timing_attempts: int = 0
+    call_path: CallPathTiming | None = None  # where opt(x) can take two paths: both timed, the faster kept
     warnings: list[str] = field(default_factory=list)
     seconds: StageSeconds = field(default_factory=StageSeconds)

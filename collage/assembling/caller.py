@@ -13,11 +13,14 @@ a new allocation.
 
 Where the whole model is one engine's kernel with a plain call of its own on numpy arrays
 (ONNX Runtime's ``InferenceSession.run`` without its Python checks: ``Kernel.plain``), ``opt(x)``
-on numpy arrays is that call, the engine checking each array's dtype and shape in C++ as it
-does for its own users; collage's checks run only when the engine refuses, to say in one line
-which input is wrong (on the corpus MLP, 20 us a call, they were 1 us of it). After a
-run has emptied the caches, the Python of copying in and out cost RegNet 2-7% beside it
-(2 threads), and the engine's own call costs what a user of the engine pays.
+on numpy arrays can be that call instead (``CallPath.ENGINE``), the engine checking each
+array's dtype and shape in C++ as it does for its own users; collage's checks run only when
+the engine refuses, to say in one line which input is wrong (on the corpus MLP, 20 us a call,
+they were 1 us of it). Which of the two paths is faster is not the same on every machine or
+process: on the corpus MLP (2-core Xeon, family 6 model 167) the engine's own call was the
+faster in one run and 1.4x slower than the bound buffers an hour later. So ``optimize`` times
+``opt(x)`` both ways on the user's inputs (``time_call_paths``) and keeps the faster; the
+export keeps that choice.
 
 The outputs are the caller's to keep: numpy copies for ``numpy``; for ``tensors``, where the
 run writes into the same output buffers every call (an engine running the whole model),
@@ -27,16 +30,28 @@ again.
 
 from __future__ import annotations
 
+import enum
+import functools
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import relax
 
+from ..measuring.cost import Cost
+from ..measuring.timing import Protocol, time_contenders
 from .assemble import bound_function
 
 # (name, shape, dtype) of each of main's parameters, in order.
 Signature = list[tuple[str, tuple[int, ...], str]]
+
+
+class CallPath(enum.Enum):
+    """How ``opt(x)`` on numpy arrays reaches the module; the value is its display text."""
+
+    BUFFERS = "buffers bound once"  # copied into the module's own buffers, which the kernels bind once
+    ENGINE = "the engine's own call"  # the user's arrays handed to the engine's plain call (``Kernel.plain``)
 
 
 class Caller:
@@ -53,7 +68,7 @@ class Caller:
     idle); a copy of a numpy view costs under 1."""
 
     def __init__(self, vm: relax.VirtualMachine, signature: Signature, device, main: relax.Function | None = None,
-                 kernels: dict | None = None):  # fmt: skip
+                 kernels: dict | None = None, path: CallPath = CallPath.ENGINE):  # fmt: skip
         self.signature, self.device = signature, device
         self._expected = [(tuple(shape), np.dtype(dtype)) for _, shape, dtype in signature]
         self.inputs = [tvm.runtime.empty(shape, dtype, device) for _, shape, dtype in signature]
@@ -69,29 +84,52 @@ class Caller:
         # numpy views are made once.
         self._reused_outputs = hasattr(self._run, "buffers")
         # An engine running the whole model that has a plain call of its own on numpy arrays
-        # (``Kernel.plain``) is handed the user's arrays as they are.
-        self._plain = getattr(self._run, "plain", None) if self._on_cpu else None
+        # (``Kernel.plain``) may be handed the user's arrays as they are (``path``).
+        self._engine_call = getattr(self._run, "plain", None) if self._on_cpu else None
+        self._plain = None
+        self.path = path
         views = _views(self._run.result) if self._reused_outputs and self._on_cpu else None
         self._copy_outputs = _copier(views) if views is not None else None
         self._lock = threading.Lock()
 
+    @property
+    def paths(self) -> tuple[CallPath, ...]:
+        """The ways ``numpy`` can reach the module here."""
+        return (CallPath.BUFFERS, CallPath.ENGINE) if self._engine_call is not None else (CallPath.BUFFERS,)
+
+    @property
+    def path(self) -> CallPath:
+        """How ``numpy`` reaches the module: ``CallPath.ENGINE`` where the engine has a plain call."""
+        return CallPath.ENGINE if self._plain is not None else CallPath.BUFFERS
+
+    @path.setter
+    def path(self, path: CallPath) -> None:
+        self._plain = self._engine_call if path is CallPath.ENGINE else None
+
     def numpy(self, *arrays):
         """``main`` on numpy arrays (or anything ``np.asarray`` takes: CPU torch tensors), as
         numpy: one array, or a tuple (of tuples) as ``main`` returns."""
+        return self._numpy(self._plain, arrays)
+
+    def through(self, path: CallPath):
+        """``numpy`` through ``path`` whatever ``self.path`` is (one of ``paths``)."""
+        return lambda *arrays: self._numpy(self._engine_call if path is CallPath.ENGINE else None, arrays)
+
+    def _numpy(self, plain, arrays):
         if len(arrays) != len(self._expected):
             self._refuse_count(arrays)
-        if self._plain is not None and all(type(a) is np.ndarray for a in arrays):
+        if plain is not None and all(type(a) is np.ndarray for a in arrays):
             # The engine's own call checks each array's dtype and shape itself, in C++ (and
             # takes any layout): collage's checks run only to say in one line what was wrong.
             try:
-                return self._plain(arrays)
+                return plain(arrays)
             except Exception as err:  # noqa: BLE001 -- the engine's refusal, explained below if an input is wrong
                 failure = err
             self._checked(arrays)
             raise failure
         arrays = self._checked(arrays)
-        if self._plain is not None:  # torch tensors, lists: as numpy arrays, any layout
-            return self._plain(arrays)
+        if plain is not None:  # torch tensors, lists: as numpy arrays, any layout
+            return plain(arrays)
         with self._lock:
             if self._views is not None:
                 for view, array in zip(self._views, arrays):
@@ -137,6 +175,38 @@ class Caller:
     def _refuse(self, k: int, shape, dtype):
         name, expected_shape, expected_dtype = self.signature[k]
         raise ValueError(f"input {name!r} must be {expected_dtype}{list(expected_shape)}, got {dtype}{list(shape)}")
+
+
+@dataclass(frozen=True)
+class CallPathTiming:
+    """``opt(x)`` timed through each of its paths on the user's inputs, and the one kept."""
+
+    chosen: CallPath
+    costs: dict[CallPath, Cost]
+
+    def summary(self) -> str:
+        others = ", ".join(f"{p.value} {self.costs[p].median_ms * 1e3:.1f} us" for p in self.costs if p is not self.chosen)
+        return (f"opt(x) on numpy arrays goes through {self.chosen.value} "
+                f"({self.costs[self.chosen].median_ms * 1e3:.1f} us a call; {others}: timed both ways here)")  # fmt: skip
+
+
+# Two contenders of one module: shorter blocks and warm-up than a race of finalists (about
+# 2.5 s in all), the same settling between blocks.
+CALL_PATHS = Protocol(rounds=7, block_ms=30.0, warmup_s=0.05)
+
+
+def time_call_paths(caller: Caller, arrays: list[np.ndarray], protocol: Protocol = CALL_PATHS) -> CallPathTiming | None:
+    """``caller.numpy(*arrays)`` timed through each of its paths against the other with the
+    project's protocol, ``caller`` left on the faster (None, and left as it is, where it has
+    one path). The user's call is timed whole: the arrays checked, copied in and the outputs
+    copied out where the path does."""
+    if len(caller.paths) < 2:
+        return None
+    kept = caller.path
+    costs = time_contenders({path: functools.partial(caller.through(path), *arrays) for path in caller.paths}, protocol)
+    chosen = min(costs, key=lambda p: (costs[p].median_ms, p is not kept))
+    caller.path = chosen
+    return CallPathTiming(chosen, costs)
 
 
 CPU = 1  # DLPack's device type of the host

@@ -42,7 +42,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..assembling.assemble import sole_kernel
-from ..assembling.caller import Caller
+from ..assembling.caller import Caller, CallPath
 from ..candidates.backend import Backend, BackendSet, default_backends, installed_version
 from ..candidates.onnx_convert import to_onnx
 from ..candidates.precision import FLOAT32
@@ -123,6 +123,7 @@ def export(opt, path: str | os.PathLike) -> Path:
         ],
         "kernels": kernels,
         "measured_ms": opt.measured.median_ms,
+        "call_path": opt.caller.path.name,  # how opt(x) reached the module fastest where it was optimized
         "placement": placement_record(opt).to_json(),
     }
     (path / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -163,7 +164,8 @@ class ExportedModule:
     @functools.cached_property
     def caller(self) -> Caller:
         signature = [(i["name"], tuple(i["shape"]), i["dtype"]) for i in self.manifest["inputs"]]
-        return Caller(self.vm, signature, device_for(self.target), self.main_function, self.kernels)
+        path = CallPath[self.manifest.get("call_path", CallPath.ENGINE.name)]
+        return Caller(self.vm, signature, device_for(self.target), self.main_function, self.kernels, path)
 
     def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Inputs of the right shapes and types, drawn as ``arrays.random_inputs`` draws them

@@ -180,6 +180,8 @@ def format_report(opt) -> str:
                 f"  warning: other processes kept {r.others_busy_cores:.2f} cores busy while these were timed "
                 f"({r.timing_attempts} attempts): the choice may be off; optimize again when the machine is quiet"
             )
+    if r.call_path is not None:
+        lines.append(r.call_path.summary())
     if r.simplify_failed:
         lines.append(f"note: {r.simplify_failed}")
     if r.cuda_graph_off:
