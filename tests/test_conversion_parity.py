@@ -9,8 +9,11 @@ import pytest
 from experiments import models
 from experiments.conversion_parity import converted, onnxruntime_ops, openvino_ops
 
-# Shape plumbing, which the two files may spell differently at no cost.
+# Shape plumbing, which the two files may spell differently at no cost; and arithmetic, which
+# no fusion makes: a kind of it missing from collage's file was folded there (DeBERTa's scale
+# computed from a shape, a Mul in torch's file), not lost.
 PLUMBING = {"Unsqueeze", "Squeeze", "Reshape", "Cast", "Convert", "Const", "Identity"}
+ARITHMETIC = {"Add", "Sub", "Mul", "Div", "Multiply", "Divide", "Subtract"}
 
 
 @pytest.mark.parametrize(
@@ -18,13 +21,14 @@ PLUMBING = {"Unsqueeze", "Squeeze", "Reshape", "Cast", "Convert", "Const", "Iden
     [
         "convnextv2",  # GELU (Div by sqrt 2), ReduceL2, linear layers on NHWC tensors
         "llama",  # RMSNorm (rsqrt as Div), grouped-query attention's 4-D matmuls, constant mask
+        "deberta",  # FusedMatMul of a query two products read, one with a folded constant operand
     ],
 )
 @pytest.mark.parametrize("engine_ops", [onnxruntime_ops, openvino_ops], ids=["onnxruntime", "openvino"])
 def test_the_engine_fuses_the_conversion_as_it_fuses_torchs_export(name, engine_ops):
     w = models.load(name)
     export, ours = engine_ops(w.onnx, 2), engine_ops(converted(w), 2)
-    lost = set(export) - set(ours) - PLUMBING
+    lost = set(export) - set(ours) - PLUMBING - ARITHMETIC
     assert lost == set(), f"fusions lost: {sorted(lost)}"
     for kind in ("MatMul", "Softmax", "Erf", "Pow", "Sqrt"):  # what the fusions take in
         assert ours[kind] <= export[kind], f"{kind}: {ours[kind]} left where torch's file leaves {export[kind]}"

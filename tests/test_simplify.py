@@ -717,6 +717,29 @@ def test_batch_norm_after_a_linear_without_bias_folds_into_its_weights(through_r
     assert op_histogram(after)["relax.multiply"] == 0 and op_histogram(after)["relax.add"] == 1
 
 
+def test_a_flattening_two_matmuls_read_and_a_folded_constant_operand_keep_their_batch_axes():
+    # DeBERTa's disentangled attention: one flattened query is read by the content-to-content
+    # product and by the content-to-position one, whose right operand (the relative positions,
+    # projected) is a constant folded in its merged (heads, size, positions) layout.
+    bb = relax.BlockBuilder()
+    q, k = relax.Var("q", relax.TensorType((1, 4, 6, 5), "float32")), relax.Var("k", relax.TensorType((1, 4, 5, 6), "float32"))
+    positions = _random(4, 5, 7)
+    with bb.function("main", [q, k]):
+        with bb.dataflow():
+            flat_q = bb.emit(relax.op.reshape(q, (4, 6, 5)))
+            c2c = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(flat_q, bb.emit(relax.op.reshape(k, (4, 5, 6))))), (1, 4, 6, 6)))
+            c2p = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(flat_q, relax.const(positions))), (1, 4, 6, 7)))
+            out = bb.emit_output(relax.Tuple([c2c, c2p]))
+        bb.emit_func_output(out)
+    after, report = _simplify(bb.get())  # the numbers checked too
+    assert report.applied("matmul_on_all_axes") == 2
+    matmuls = [b.value for b in after["main"].body.blocks[0].bindings
+               if isinstance(b.value, relax.Call) and b.value.op.name == "relax.matmul"]  # fmt: skip
+    assert [len(m.args[0].ty.shape.values) for m in matmuls] == [4, 4]
+    assert [len(m.args[1].ty.shape.values) for m in matmuls] == [4, 4]
+    assert op_histogram(after)["relax.reshape"] == 0
+
+
 def test_a_grouped_query_operand_is_regrouped_for_the_batched_matmul():
     # Attention probabilities (1, 4, 6, 6) times values repeated for grouped-query attention,
     # which arrive as (1, groups 2, repeats 2, 6, 5): the importer flattened both to 3-D.

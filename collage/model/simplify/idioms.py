@@ -199,40 +199,49 @@ LINEAR_ON_ALL_AXES = PatternRewrite("linear_on_all_axes", _unflat, _linear_on_al
 
 _left, _right = wildcard(), wildcard()
 _left_flat, _right_flat = is_op("relax.reshape")(_left, wildcard()), is_op("relax.reshape")(_right, wildcard())
-_batched = is_op("relax.matmul")(_left_flat, _right_flat)
+_left_constant, _right_constant = is_const(), is_const()
+_batched = is_op("relax.matmul")(_left_flat | _left_constant, _right_flat | _right_constant)
 _batched_back = is_op("relax.reshape")(_batched, wildcard())
 
 
 def _matmul_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
-    out, left_flat, right_flat = (_shape(matches[p]) for p in (_batched_back, _left_flat, _right_flat))
+    flats = [matches.get(_left_flat, matches.get(_left_constant)), matches.get(_right_flat, matches.get(_right_constant))]
+    out, left_flat, right_flat = _shape(matches[_batched_back]), _shape(flats[0]), _shape(flats[1])
     if None in (out, left_flat, right_flat) or len(out) < 4 or len(left_flat) != 3 or len(right_flat) != 3:
         return None
     # The batch axes are those the reshape after restores.
     batch, (rows, columns), inner = out[:-2], out[-2:], left_flat[-1]
     if left_flat != [math.prod(batch), rows, inner] or right_flat != [math.prod(batch), inner, columns]:
         return None  # not the merging of the batch axes
-    if not all(matches[p] in single_use for p in (_left_flat, _right_flat, _batched)):
-        return None
+    if matches[_batched] not in single_use:
+        return None  # the merged product is read elsewhere: rewriting would compute it twice
+    # A flattening read by other matmuls too (DeBERTa's query, in its content-to-content and
+    # content-to-position products) stays for them; a reshape computes nothing.
     operands = []
-    for operand, wanted in ((matches[_left], batch + [rows, inner]), (matches[_right], batch + [inner, columns])):
+    for constant, unflat, wanted in ((_left_constant, _left, batch + [rows, inner]), (_right_constant, _right, batch + [inner, columns])):
+        if constant in matches:  # folded already: its batch axes are written back here
+            operands.append((relax.const(matches[constant].value.numpy().reshape(wanted)), False))
+            continue
+        operand = matches[unflat]
         shape = _shape(operand)
         if shape is None or shape[-2:] != wanted[-2:]:
             return None
-        operands.append((operand, shape == wanted, wanted))
-    if not any(has_batch_axes for _, has_batch_axes, _ in operands):
+        # Grouped-query attention: RemoveRedundantReshape merged the key/value repeat's
+        # reshape to (batch, heads, tokens, size) into the flattening, so that operand arrives
+        # as (batch, groups, repeats, tokens, size); one reshape regroups it, as torch's
+        # exporter writes.
+        operands.append((operand if shape == wanted else relax.op.reshape(operand, wanted), shape == wanted))
+    if not any(has_batch_axes for _, has_batch_axes in operands):
         return None  # neither operand has the output's batch axes: the merged layout is needed
-    # Grouped-query attention: RemoveRedundantReshape merged the key/value repeat's reshape to
-    # (batch, heads, tokens, size) into the flattening, so that operand arrives as (batch,
-    # groups, repeats, tokens, size); one reshape regroups it, as torch's exporter writes.
-    left, right = (op if has else relax.op.reshape(op, wanted) for op, has, wanted in operands)
-    return relax.op.matmul(left, right)
+    return relax.op.matmul(operands[0][0], operands[1][0])
 
 
 # The importer merges the batch axes of an attention's (batch, heads, tokens, size) matmuls
 # into one and splits them again after: three reshapes per matmul that torch's ONNX exporter
 # does not write, and that keep ONNX Runtime from fusing the scale after the matmul and
 # OpenVINO from fusing the attention (it matches 4-D matmuls only; Llama kept 4 MatMul and 2
-# Softmax layers).
+# Softmax layers). An operand that was a constant (DeBERTa's projected relative positions,
+# folded) arrives merged and is written back with its batch axes.
 MATMUL_ON_ALL_AXES = PatternRewrite("matmul_on_all_axes", _batched_back, _matmul_on_all_axes)
 
 
