@@ -129,6 +129,9 @@ def _plain_run(session, input_names: list[str], output_names: list[str]):
     compiled = getattr(session, "_sess", None)
     if compiled is None or not callable(getattr(compiled, "run", None)):
         return lambda arrays: session.run(output_names, dict(zip(input_names, arrays)))
+    if len(input_names) == 1:  # the feed written out: dict(zip()) cost 0.2 us of a 19 us MLP
+        (name,) = input_names
+        return lambda arrays: compiled.run(output_names, {name: arrays[0]}, None)
     return lambda arrays: compiled.run(output_names, dict(zip(input_names, arrays)), None)
 
 

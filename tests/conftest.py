@@ -21,3 +21,15 @@ def no_race_in_fresh_processes(request, monkeypatch):
     tests marked ``fresh_race``."""
     if "fresh_race" not in request.keywords:
         monkeypatch.setattr("collage.placing.confirm.CLOSE", None)
+
+
+@pytest.fixture(autouse=True)
+def quick_call_path_timing(request, monkeypatch):
+    """Timing ``opt(x)`` through both of its paths (``caller.time_call_paths``) costs an
+    optimization that keeps an engine alone 2 s: elsewhere than in ``tests/test_caller.py``,
+    which tests that choice, both paths are timed in short blocks."""
+    if not request.module.__name__.endswith("test_caller"):
+        from collage.assembling import caller
+        from collage.measuring.timing import Protocol
+
+        monkeypatch.setattr(caller, "CALL_PATHS", Protocol(rounds=3, block_ms=5.0, settle_s=0.0, warmup_s=0.01))

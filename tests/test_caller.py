@@ -159,7 +159,7 @@ def test_onnx_runtime_alone_is_handed_the_users_arrays_through_its_own_call(mlp)
     w, graph, _ = mlp
     ort, _ = caller_for(graph, engine_alone(graph, "onnxruntime"))
     ov, _ = caller_for(graph, engine_alone(graph, "openvino"))
-    assert ort._plain is not None and ov._plain is None
+    assert ort.path is CallPath.ENGINE and ov.paths == (CallPath.BUFFERS,)
     x = draws(w, 1)[0]
     strided = np.zeros((1, 2 * x.shape[1]), "float32")
     strided[:, ::2] = x  # every other element: not C-contiguous, made so for the engine
@@ -207,8 +207,9 @@ def test_onnx_runtime_alone_checks_the_users_arrays_in_its_own_call_and_collage_
     collage's one line naming the input, not the engine's message beneath it."""
     w, graph, _ = mlp
     caller, _ = caller_for(graph, engine_alone(graph, "onnxruntime"))
-    handed, plain = [], caller._plain
-    caller._plain = lambda arrays: handed.append(arrays) or plain(arrays)
+    handed, plain = [], caller._engine_call
+    caller._engine_call = lambda arrays: handed.append(arrays) or plain(arrays)
+    caller.path = CallPath.ENGINE  # made again around the engine's call
     x = draws(w, 1)[0]
     assert caller.numpy(x)[0].shape == (1, 10) and handed[-1][0] is x  # the user's array itself
     for wrong, message in ((np.ones((1, 784)), r"got float64\[1, 784\]"), (np.ones((2, 784), "float32"), r"got float32\[2, 784\]")):

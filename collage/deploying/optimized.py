@@ -44,7 +44,8 @@ class OptimizedModule:
     _caller: Caller | None = field(default=None, repr=False)
 
     def __call__(self, *arrays):
-        return self.caller.numpy(*arrays)
+        caller = self._caller or self.caller  # the property's check, skipped once made
+        return caller.numpy(*arrays)
 
     @property
     def caller(self) -> Caller:
