@@ -16,8 +16,9 @@ network has (untouched running stats would let deep nets blow up or vanish, whic
 numerical errors behind huge or tiny outputs).
 
 ``load(name, small=True)`` builds the same architecture at the reduced input size listed
-in ``SMALL_INPUTS`` (documented per model below); the test suite uses it so that TVM's
-untuned kernels finish in seconds.
+in ``SMALL_INPUTS`` (documented per model below), and where a model has one its reduced
+build (``small_build``: fewer or narrower layers of every kind it has); the test suite uses
+it so that TVM's untuned kernels finish in seconds.
 """
 
 from __future__ import annotations
@@ -253,19 +254,23 @@ class InceptionE(nn.Module):  # expanded filter bank
 class InceptionV3(nn.Module):
     """Inception-v3 (Szegedy et al., 2016) in inference form: no auxiliary classifier."""
 
-    def __init__(self, num_classes=1000):
+    def __init__(self, num_classes=1000, each_block_once=False):
         super().__init__()
         self.stem = nn.Sequential(
             conv_bn(3, 32, 3, 2), conv_bn(32, 32, 3), conv_bn(32, 64, 3, padding=1), nn.MaxPool2d(3, 2),
             conv_bn(64, 80, 1), conv_bn(80, 192, 3), nn.MaxPool2d(3, 2),
         )  # fmt: skip
-        self.mixed = nn.Sequential(
-            InceptionA(192, 32), InceptionA(256, 64), InceptionA(288, 64),
-            InceptionB(288),
-            InceptionC(768, 128), InceptionC(768, 160), InceptionC(768, 160), InceptionC(768, 192),
-            InceptionD(768),
-            InceptionE(1280), InceptionE(2048),
-        )  # fmt: skip
+        if each_block_once:  # the test suite's build: every kind of block, each once (5 of 11)
+            blocks = [InceptionA(192, 32), InceptionB(256), InceptionC(736, 128), InceptionD(768), InceptionE(1280)]
+        else:
+            blocks = [
+                InceptionA(192, 32), InceptionA(256, 64), InceptionA(288, 64),
+                InceptionB(288),
+                InceptionC(768, 128), InceptionC(768, 160), InceptionC(768, 160), InceptionC(768, 192),
+                InceptionD(768),
+                InceptionE(1280), InceptionE(2048),
+            ]  # fmt: skip
+        self.mixed = nn.Sequential(*blocks)
         self.fc = nn.Linear(2048, num_classes)
 
     def forward(self, x):
@@ -735,11 +740,14 @@ MODELS: dict[str, ModelSpec] = {
         functools.partial(ResNet, groups=32, base_width=4), (1, 3, 224, 224), (1, 3, 64, 64),
         description="ResNeXt-50 (32x4d)",
     ),
-    "inception_v3": ModelSpec(InceptionV3, (1, 3, 299, 299), (1, 3, 107, 107), description="Inception-v3"),
+    "inception_v3": ModelSpec(InceptionV3, (1, 3, 299, 299), (1, 3, 107, 107), description="Inception-v3",
+                              small_build=functools.partial(InceptionV3, each_block_once=True)),
     "squeezenet": ModelSpec(SqueezeNet11, (1, 3, 224, 224), (1, 3, 64, 64), description="SqueezeNet 1.1"),
     "dcgan": ModelSpec(DCGANGenerator, (1, 100, 1, 1), (1, 100, 1, 1), description="DCGAN generator",
                        small_build=functools.partial(DCGANGenerator, ngf=16)),  # its layers at a quarter of the width
-    "nasnet_mobile": ModelSpec(NASNetAMobile, (1, 3, 224, 224), (1, 3, 64, 64), description="NASNet-A (mobile)"),
+    # The test suite's builds keep every kind of cell or block, each fewer times.
+    "nasnet_mobile": ModelSpec(NASNetAMobile, (1, 3, 224, 224), (1, 3, 64, 64), description="NASNet-A (mobile)",
+                               small_build=functools.partial(NASNetAMobile, cells_per_stage=1)),
     "r3d18": ModelSpec(R3D18, (1, 3, 8, 112, 112), (1, 3, 4, 32, 32), description="R3D-18, 8-frame 112x112 clip"),
     "bert": ModelSpec(
         BertEncoder, (1, 128), (1, 16), torch.int64, description="BERT-base, sequence length 128", vocab=30522,
