@@ -88,6 +88,24 @@ def test_only_a_close_runner_up_is_raced_again():
     assert np.isclose(confirm.CLOSE, 0.25)
 
 
+def test_the_fresh_race_keeps_whichever_costs_a_user_less_when_it_stays_undecided():
+    """Undecided after its rounds (SqueezeNet's once: the kept one 2.48 ms, steady; the
+    runner-up 2.33, noisy), the race keeps the finalist whose slow blocks cost less, by the
+    finalists' own rule; a kept one slower beyond noise gives way; an equivalent one stays."""
+    from collage.placing.finalists import Verdict
+
+    steady, noisy = [2.48, 2.47, 2.50, 2.46, 2.49, 2.48], [2.20, 2.62, 2.25, 2.30, 2.52, 2.28]
+    undecided = Race([{"kept": a, "second": b} for a, b in zip(steady, noisy)])
+    assert confirm.decide(undecided, "kept", "second") == (Verdict.UNDECIDED, True)
+    assert confirm.decide(undecided, "second", "kept") == (Verdict.UNDECIDED, False)
+    slower = Race([{"kept": 1.2 + k / 100, "second": 1.0} for k in range(6)])
+    assert confirm.decide(slower, "kept", "second") == (Verdict.SLOWER, True)
+    tied = Race([{"kept": 1.0, "second": 1.0 + k / 1000} for k in range(6)])
+    assert confirm.decide(tied, "kept", "second") == (Verdict.EQUIVALENT, False)
+    line = confirm.Confirmation("second", "kept", verdict="undecided", switched=True).line()
+    assert line.endswith("kept 'second' instead of 'kept' (undecided; its slow blocks cost less)")
+
+
 def test_optimize_races_a_close_runner_up_again_and_reports_it(mlp):
     """The MLP with its ONNX file: ONNX Runtime on the file and on collage's conversion are
     the same engine on nearly the same graph, close enough to race again."""
