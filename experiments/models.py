@@ -735,10 +735,14 @@ class ModelSpec:
 
 
 MODELS: dict[str, ModelSpec] = {
-    "resnet50": ModelSpec(ResNet, (1, 3, 224, 224), (1, 3, 64, 64), description="ResNet-50"),
+    # The test suite's ResNets: five bottlenecks (2, 1, 1, 1) of the sixteen, every stage's
+    # projection block and an identity one.
+    "resnet50": ModelSpec(ResNet, (1, 3, 224, 224), (1, 3, 64, 64), description="ResNet-50",
+                          small_build=functools.partial(ResNet, layers=(2, 1, 1, 1))),
     "resnext50": ModelSpec(
         functools.partial(ResNet, groups=32, base_width=4), (1, 3, 224, 224), (1, 3, 64, 64),
         description="ResNeXt-50 (32x4d)",
+        small_build=functools.partial(ResNet, layers=(2, 1, 1, 1), groups=32, base_width=4),
     ),
     "inception_v3": ModelSpec(InceptionV3, (1, 3, 299, 299), (1, 3, 107, 107), description="Inception-v3",
                               small_build=functools.partial(InceptionV3, each_block_once=True)),
