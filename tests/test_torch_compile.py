@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import collage.api
-from collage.deploying.torch_compile import TorchCompileError, optimize_options
+from collage.torch_compile import TorchCompileError, optimize_options
 
 OPTIONS = {"backends": ["tvm", "onnxruntime"], "threads": 2}
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 import torch
 import tvm
 
-from .. import api
-from ..config import Config
-from ..errors import OptimizeError
+from . import api
+from .config import Config
+from .errors import OptimizeError
 
 # What ``options`` may set: each setting of a ``Config``, and what optimize takes beside them.
 ARGUMENTS = ("backends", "cost_log", "meter")
