@@ -35,6 +35,7 @@ from __future__ import annotations
 import enum
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +69,10 @@ class Caller:
     and on a 2-core machine (two hyperthreads) the Python that follows runs at half speed
     beside them. Converting the MLP's output with ``Tensor.numpy()`` there cost 40 us (6 us
     idle); a copy of a numpy view costs under 1."""
+
+    # ``main`` on numpy arrays (or anything ``np.asarray`` takes: CPU torch tensors), as numpy:
+    # one array, or a tuple (of tuples) as ``main`` returns. Made for ``path`` (``through``).
+    numpy: Callable[..., object]
 
     def __init__(self, vm: relax.VirtualMachine, signature: Signature, device, main: relax.Function | None = None,
                  kernels: dict | None = None, path: CallPath = CallPath.ENGINE):  # fmt: skip
@@ -109,11 +114,6 @@ class Caller:
         # ``numpy`` is made for the path: on a 20 us model each Python frame and check of a
         # call is a per cent of it.
         self.numpy = self.through(self._path)
-
-    def numpy(self, *arrays):
-        """``main`` on numpy arrays (or anything ``np.asarray`` takes: CPU torch tensors), as
-        numpy: one array, or a tuple (of tuples) as ``main`` returns. Made per path (``through``)."""
-        return self.through(self._path)(*arrays)
 
     def through(self, path: CallPath):
         """``numpy`` through ``path`` (one of ``paths``), whatever ``self.path`` is."""
