@@ -10,6 +10,17 @@ over a PyTorch module, its own ``torch.export`` program compiled whole is a fina
 per candidate; each is compiled at ``compile`` time, with inputs of the right shapes, so no
 compile ever falls inside a CUDA graph's capture.
 
+Compiled ahead of time: float32 and TF32 candidates go through AOTInductor, which writes a
+package (``.pt2``: the generated kernels and a C++ wrapper, weights inside) that any process
+loads in milliseconds. ``torch.compile`` of the same graph in a second process, even on a
+hit of inductor's FX graph cache, traces it again with Dynamo and loads the cached module:
+seconds per candidate, ViT's 67 candidates were 284 s of an H100 host's optimization. The
+packages are kept beside inductor's own cache, named by a hash of the graph, its weights, its
+inputs' shapes, the precision and the device (``_package``), so the compile pool
+(``measuring.warm``) builds each once and the worker measuring it, the assembled module and
+an exported one loading later only load it. bfloat16 stays with ``torch.compile``: its
+``torch.autocast`` applies when the graph is traced, and a package is traced without it.
+
 The kernel reads TVM's buffers through DLPack, runs on TVM's current stream and copies its
 outputs into the caller's buffers there (``patterns.torch_stream``): graph-safe. Bound to
 fixed buffers (``Kernel.bound``), it is recorded once as a CUDA graph and replayed.
@@ -18,9 +29,16 @@ budget, also TF32 (tensor cores, 10-bit mantissa products) and bfloat16 (``torch
 """
 
 import contextlib
+import functools
+import hashlib
+import os
+import platform
+import warnings
+from pathlib import Path
 
 from tvm import relax
 
+from collage.errors import first_line
 from collage.patterns.fusion import never_fuse
 
 from collage.candidates.backend import GRAPH_LEVEL, Backend, installed_version
@@ -57,7 +75,63 @@ def compile(func, pattern: str, target: str, threads: int, precision: str = FLOA
     import torch
 
     device = _device(target)
+    if precision != BFLOAT16:
+        module = to_fx(func, "cpu")
+        try:
+            return _kernel(_package(module, _examples(func, device), device, precision), func, device, precision)
+        except Exception as err:  # noqa: BLE001 -- no package here (a C++ toolchain or CUDA's headers missing)
+            _no_package(f"{type(err).__name__}: {first_line(err)}")
     return _kernel(torch.compile(to_fx(func, device), fullgraph=True, dynamic=False), func, device, precision)
+
+
+@functools.cache
+def _no_package(reason: str) -> None:
+    warnings.warn(f"inductor: no AOTInductor package ({reason}); compiling with torch.compile, seconds a candidate")
+
+
+def _package(module, examples: list, device: str, precision: str):
+    """``module`` compiled by AOTInductor for ``device``, as a call taking its inputs and
+    returning its outputs: the package on disk when one was built for the same graph, weights,
+    inputs, precision and device, else built now and kept (written whole, then renamed, so a
+    process never loads a half-written one)."""
+    import torch
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+    path = _package_dir() / f"{_package_key(module, examples, device, precision)}.pt2"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.stem}.{os.getpid()}.pt2")  # renamed once whole
+        with _settings(precision, device):  # the math it is compiled for is the math it runs
+            program = torch.export.export(module.to(device), tuple(examples))
+            aoti_compile_and_package(program, package_path=str(partial))
+        os.replace(partial, path)
+    # Single-threaded: one call at a time, with none of the host waits between calls that a
+    # CUDA graph's capture forbids (its default waits for an instance's previous run).
+    run = aoti_load_package(str(path), run_single_threaded=True).loader.boxed_run
+    return lambda *tensors: run(list(tensors))
+
+
+def _package_dir() -> Path:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "collage-packages"
+
+
+def _package_key(module, examples: list, device: str, precision: str) -> str:
+    """What a package depends on: the graph's code, its weights, its inputs' shapes and
+    dtypes, the precision, PyTorch's version and the device (a GPU's architecture)."""
+    import torch
+
+    digest = hashlib.blake2b(digest_size=16)
+    machine = f"sm_{''.join(map(str, torch.cuda.get_device_capability()))}" if device == "cuda" else platform.machine()
+    for part in (torch.__version__, device, machine, precision, module.code):
+        digest.update(part.encode() + b"\0")
+    for name, tensor in module.named_buffers():
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    for tensor in examples:
+        digest.update(f"{tensor.dtype} {tuple(tensor.shape)}".encode())
+    return digest.hexdigest()
 
 
 def compile_program(program, main, target: str, threads: int, precision: str = FLOAT32):
@@ -75,6 +149,13 @@ def _device(target: str) -> str:
     return "cuda" if target == "cuda" else "cpu"
 
 
+def _examples(func, device: str) -> list:
+    """Zeros of each parameter's shape and dtype: what a compile traces with."""
+    import torch
+
+    return [torch.zeros(static_shape(p.ty), dtype=getattr(torch, dtype_of(p.ty)), device=device) for p in func.params]
+
+
 def _tensors_in(ty) -> int:
     return sum(map(_tensors_in, ty.fields)) if isinstance(ty, relax.TupleType) else 1
 
@@ -89,7 +170,7 @@ def _kernel(compiled, func, device: str, precision: str):
     from collage.patterns.torch_stream import on_tvm_stream
 
     count = len(func.params)
-    examples = [torch.zeros(static_shape(p.ty), dtype=getattr(torch, dtype_of(p.ty)), device=device) for p in func.params]
+    examples = _examples(func, device)
     with _settings(precision, device):
         returned = len(tree_leaves(compiled(*examples)))
     outputs = _tensors_in(func.ret_ty)

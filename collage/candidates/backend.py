@@ -95,9 +95,9 @@ class Backend:
     stream and never wait on the host, so that a CUDA graph may capture them
     (``cuda_graph_blocker``): TVM then runs a module's static regions, library kernels
     included, as CUDA graphs, recorded once and replayed without Python. ``compile_cache``
-    declares that its compiles keep an on-disk cache that the same compile in another
-    process hits (inductor's FX graph cache): its candidates are then compiled first in
-    parallel processes (``measuring.warm``), and the measuring worker's compiles hit it.
+    declares that its compiles keep what they built on disk, where the same compile in another
+    process finds it (inductor's AOTInductor packages): its candidates are then compiled first
+    in parallel processes (``measuring.warm``), and the measuring worker's compiles load them.
     """
 
     name: str

@@ -1,13 +1,12 @@
-"""Compiling candidates ahead, in parallel, for backends whose compiles leave an on-disk cache.
+"""Compiling candidates ahead, in parallel, for backends whose compiles leave what they built on disk.
 
 PyTorch's inductor takes seconds per candidate: GPT-2's 18 regions took 91 s of a 219 s
 optimization on an H100's 16-core host, compiled one after another by the measuring worker,
-which measures one candidate at a time. Almost all of a compile is lowering and code
-generation, which inductor's FX graph cache keeps on disk for any process: MobileNetV2
-compiled again in a second process in 4.6 s where the first took 24.2 (this project's 2-core
-Xeon, C++ for the CPU). So such candidates (``Backend.compile_cache``) are first compiled by
-a pool of processes, one per core but the worker's, and the worker's compile of each is then
-a cache hit. Nothing is measured while they compile, so no measurement runs beside them.
+which measures one candidate at a time. Its compiles write AOTInductor packages that any
+process loads in milliseconds (``backends/inductor.py``). So such candidates
+(``Backend.compile_cache``) are first compiled by a pool of processes, one per core but the
+worker's, and the worker's compile of each then only loads what the pool built. Nothing is
+measured while they compile, so no measurement runs beside them.
 """
 
 from __future__ import annotations
