@@ -26,7 +26,7 @@ import tvm
 import tvm_ffi
 
 from .assembling.caller import time_call_paths
-from .assembling.checked import as_tvm_runs_it, assemble_and_check
+from .assembling.checked import Finalist, as_tvm_runs_it, assemble_and_check
 from .candidates.backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet
 from .candidates.generate import generate, in_precisions
 from .candidates.precision import FLOAT32, reduced
@@ -48,11 +48,11 @@ from .measuring.threads import pin_threads
 from .measuring.timing import Timing
 from .model.frontend import ModelImportError, import_model
 from .model.prepare import Model, Unplaceable, dataflow_graph, onnx_proto, prepare_model
-from .placing.end_to_end import EndToEnd
-from .placing.engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
-from .placing import confirm, elsewhere
+from .choosing.end_to_end import EndToEnd
+from .choosing.engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
+from .choosing import confirm, elsewhere
 from .choosing import policy
-from .placing.finalists import Finalist, Timed, choose, time_finalists
+from .choosing.finalists import Timed, choose, time_finalists
 from .placing.objective import Objective
 from .placing.placement import Partition, Placement, PlacementError, place
 from .placing.refine import refine
@@ -123,7 +123,7 @@ def optimize(
     a weighted sum ("0.5*time+0.5*energy", ``substitute.Objective``); energy is read from
     ``meter``, by default this machine's (``collage.measuring.meters``: RAPL, NVML), and an objective
     that needs energy where there is no meter is an ``OptimizeError`` saying why. The
-    finalists (collage.placing.finalists) are timed against each other (and metered, for an objective
+    finalists (collage.choosing.finalists) are timed against each other (and metered, for an objective
     that weighs energy) and the best under ``objective`` kept, the simplest among those within
     noise. ``accuracy`` (None: float32 everywhere, as without it) is the largest error the
     user accepts in each output, relative to that output's largest magnitude in the
@@ -318,7 +318,7 @@ def optimize_with(
 def _confirmed(chosen: FinalistName, note: str | None, finalists: dict, race, steps: dict, model: Model, config: Config,
                record: RunRecord) -> tuple[FinalistName, str | None]:  # fmt: skip
     """``chosen`` raced again against a close runner-up, each in a fresh process
-    (``placing.confirm``); the runner-up when it was faster there."""
+    (``choosing.confirm``); the runner-up when it was faster there."""
     second = confirm.runner_up(race, finalists, chosen)
     if second is None:
         return chosen, note
@@ -413,7 +413,7 @@ def _race(finalists: dict[FinalistName, Finalist], steps: dict | None = None, mo
           model: Model, config: Config, meter: EnergyMeter | None, record: RunRecord) -> Timed:  # fmt: skip
     """The finalists timed against each other where the model will run: here, or, when the
     fleet measuring the candidates is another device (``record.optimized_for``), on one of its
-    servers (``placing.elsewhere``), each sent as its placement over ``module`` (default the
+    servers (``choosing.elsewhere``), each sent as its placement over ``module`` (default the
     prepared model; ``steps``: the substitutions of a finalist's graph). There, a finalist
     the server cannot build is dropped from ``finalists`` with why (``record.left_out``),
     and one whose partitions fell back to TVM there is rebuilt here as it ran there, so

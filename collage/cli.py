@@ -247,7 +247,7 @@ def optimize_command(args) -> int:
 
 def serve_command(args) -> int:
     from .measuring.rpc_runner import parse_address
-    from .measuring.server import serve
+    from .server import serve
     from .measuring.threads import default_threads
 
     serve(parse_address(args.tracker), args.key, args.threads or default_threads(), args.host, args.port,
@@ -284,7 +284,7 @@ def run_command(args) -> int:
 def _run_exported(args) -> int:
     """``collage run DIR``: load the exported module, call it once, time it."""
     from .deploying.exported import load
-    from .placing.finalists import time_finalists
+    from .choosing.finalists import time_finalists
 
     given = [f"--{o}" for o in ("target", "backends", "log") if getattr(args, o) is not None]
     given += ["--shape"] * bool(args.shape) + ["--placement"] * (args.placement != Path(DEFAULT_PLACEMENT))

@@ -13,7 +13,7 @@ against each other with the project's protocol (``collage.measuring.timing.time_
 - ``opt(x)``: ``collage.optimize(w.relax, backends=["tvm", E])`` (the design's entry point, no
   file), called as the README shows, with numpy arrays, new ones each call as a user's are:
   whatever placement it kept;
-- ``file``: the same file inside a collage module (``collage.placing.engine_alone``), called as
+- ``file``: the same file inside a collage module (``collage.choosing.engine_alone``), called as
   ``OptimizedModule.bind`` calls it: the engine's kernel directly, on buffers bound once
   (DLPack, IOBinding), since ``main`` is that one kernel;
 - ``converted``: the whole model converted from Relax by collage (``collage.candidates.onnx_convert``),
@@ -56,7 +56,7 @@ def contenders(w: models.Workload, engine: str, threads: int) -> dict:
     from collage.candidates.backend import BackendSet, default_backends
     from collage.candidates.generate import Candidate
     from collage.measuring.cost import Cost
-    from collage.placing.engine_alone import from_onnx_file
+    from collage.choosing.engine_alone import from_onnx_file
     from collage.model.graph import DataflowGraph
     from collage.placing.placement import Partition
     from collage.measuring.build import build_vm

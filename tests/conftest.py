@@ -16,11 +16,11 @@ def private_cost_log(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_race_in_fresh_processes(request, monkeypatch):
-    """Racing the kept finalist again in fresh processes (``collage.placing.confirm``) costs
+    """Racing the kept finalist again in fresh processes (``collage.choosing.confirm``) costs
     an optimization 7-10 s here, and most tests optimize with real engines: it runs only in
     tests marked ``fresh_race``."""
     if "fresh_race" not in request.keywords:
-        monkeypatch.setattr("collage.placing.confirm.CLOSE", None)
+        monkeypatch.setattr("collage.choosing.confirm.CLOSE", None)
 
 
 @pytest.fixture(autouse=True)

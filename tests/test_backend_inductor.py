@@ -72,7 +72,8 @@ def test_the_users_program_compiles_whole_in_place_of_main_on_the_cpu():
     """The user's ``torch.export`` program, compiled whole by inductor, replaces the Relax
     ``main`` imported from it and is checked against that module's reference (CPU here)."""
     from collage.model.frontend import import_model
-    from collage.placing.engine_alone import PROGRAM_SUFFIX, EngineAloneFailed, checked_on_program
+    from collage.candidates.generate import PROGRAM_SUFFIX
+    from collage.choosing.engine_alone import EngineAloneFailed, checked_on_program
 
     torch.manual_seed(0)
     imported = import_model(TwoLayers().eval(), example_inputs=torch.randn(4, 16))

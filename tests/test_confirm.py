@@ -1,5 +1,5 @@
 """The kept finalist raced again against a close runner-up, each in a fresh process of its own
-(``collage.placing.confirm``): real engines rebuilt in worker processes, blocks alternated."""
+(``collage.choosing.confirm``): real engines rebuilt in worker processes, blocks alternated."""
 
 import functools
 
@@ -12,8 +12,8 @@ from collage.candidates.subgraph import SubGraph
 from collage.assembling.checked import assemble_and_check
 from collage.measuring.cost import Cost
 from collage.model.graph import DataflowGraph
-from collage.placing import confirm
-from collage.placing.finalists import Race
+from collage.choosing import confirm
+from collage.choosing.finalists import Race
 from collage.placing.placement import Partition, Placement
 from collage.record import FinalistKind, FinalistName
 from experiments import models
@@ -92,7 +92,7 @@ def test_the_fresh_race_keeps_whichever_costs_a_user_less_when_it_stays_undecide
     """Undecided after its rounds (SqueezeNet's once: the kept one 2.48 ms, steady; the
     runner-up 2.33, noisy), the race keeps the finalist whose slow blocks cost less, by the
     finalists' own rule; a kept one slower beyond noise gives way; an equivalent one stays."""
-    from collage.placing.finalists import Verdict
+    from collage.choosing.finalists import Verdict
 
     steady, noisy = [2.48, 2.47, 2.50, 2.46, 2.49, 2.48], [2.20, 2.62, 2.25, 2.30, 2.52, 2.28]
     undecided = Race([{"kept": a, "second": b} for a, b in zip(steady, noisy)])

@@ -6,7 +6,7 @@ from collage.candidates.backend import BackendSet, default_backends
 from collage.candidates.generate import Candidate
 from collage.measuring.cost import Cost
 from collage.measuring.cost_log import CostLog
-from collage.placing.end_to_end import EndToEnd, placement_name
+from collage.choosing.end_to_end import EndToEnd, placement_name
 from collage.model.graph import DataflowGraph
 from collage.placing.placement import Partition
 from collage.measuring.arrays import random_inputs

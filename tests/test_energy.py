@@ -35,7 +35,7 @@ def test_contenders_timed_with_a_meter_have_each_their_energy():
 
 
 def test_finalists_are_chosen_by_the_objective():
-    from collage.placing.finalists import choose
+    from collage.choosing.finalists import choose
 
     # A slower placement that draws less power: the best for energy, not for time.
     measured = {"fast": Cost.of(1.0, 0.01, energy_mj=60.0), "frugal": Cost.of(1.3, 0.01, energy_mj=40.0)}

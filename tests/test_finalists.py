@@ -19,8 +19,8 @@ from collage.assembling.assemble import runs_alone
 from collage.candidates.backend import default_backends
 from collage.candidates.generate import Candidate
 from collage.measuring.cost import Cost
-from collage.placing.engine_alone import blockers, blockers_text
-from collage.placing.finalists import (ATTEMPTS, MAX_OTHERS_BUSY, MAX_ROUNDS, NOISE_FLOOR, Race, Verdict, choose,
+from collage.choosing.engine_alone import blockers, blockers_text
+from collage.choosing.finalists import (ATTEMPTS, MAX_OTHERS_BUSY, MAX_ROUNDS, NOISE_FLOOR, Race, Verdict, choose,
                                        time_finalists, within_noise)  # fmt: skip
 from collage.model.graph import DataflowGraph
 from collage.placing.placement import Partition
@@ -269,7 +269,7 @@ def test_finalists_are_timed_again_while_another_process_keeps_a_core_busy():
 
 def test_a_whole_model_engine_is_called_without_the_vm_and_a_mixed_placement_through_it():
     from collage.assembling.assemble import assemble, bound_main
-    from collage.placing.engine_alone import from_onnx_file
+    from collage.choosing.engine_alone import from_onnx_file
     from collage.measuring.arrays import numpy_outputs, to_tensors
 
     w = models.load("mlp")

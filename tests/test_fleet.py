@@ -21,7 +21,7 @@ from collage.measuring.cost import Cost, Device, cpu_info
 from collage.measuring.cost_log import CostLog
 from collage.measuring.runner import MeasureResult, MeasureTask
 from collage.measuring.rpc_runner import FleetError, RPCRunner
-from collage.measuring.server import measure_remote
+from collage.server import measure_remote
 from collage.measuring.timing import Timing
 from collage.measuring.transition import TransitionTask
 from collage.measuring.wire import (Answer, ArrayStore, MissingArrays, ServerDevice, decode, decode_results, digest, encode,
@@ -35,8 +35,8 @@ from collage.deploying.saved import PlacementWarning
 from collage.errors import OptimizeError
 from collage.model.graph import DataflowGraph
 from collage.measuring.build import build_vm
-from collage.placing import elsewhere
-from collage.placing.finalists import Finalist
+from collage.choosing import elsewhere
+from collage.assembling.checked import Finalist
 from collage.placing.placement import Partition, Placement, tvm_op
 from experiments import models
 from experiments.fleet_bench import HOST, free_port, kill, start_server, start_tracker, wait_registered
@@ -105,7 +105,7 @@ def test_results_travel_with_the_device_that_measured_them():
 
 
 def test_an_array_crosses_once_per_server_and_again_when_the_server_let_it_go(monkeypatch):
-    from collage.measuring import server
+    from collage import server
 
     x = np.arange(64 * 64, dtype="float32").reshape(64, 64)
     sent = task(inputs=[x], reference=[x + 0.5])

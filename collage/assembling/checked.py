@@ -1,22 +1,55 @@
 """Assembly with its check: a placement becomes a module that computes what the unoptimized
 one does. Partitions that fail to compile, or whose kernels disagree with TVM inside the
-model, fall back to TVM, op by op, and the check repeats."""
+model, fall back to TVM, op by op, and the check repeats. What comes out is a ``Finalist``:
+the placement assembled and checked, which the finalists' stage (``collage.choosing``) times
+against the others."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from tvm import relax
 
 from ..candidates.backend import BackendSet
 from ..candidates.precision import FLOAT32, reduced
 from ..errors import OptimizeError
 from ..measuring.build import build_vm, device_for, kernel_backends, run_kernel
 from ..measuring.arrays import mismatch, numpy_outputs, to_tensors
-from ..placing.end_to_end import wrong_result
-from ..placing.finalists import Finalist
 from ..placing.placement import Partition, Placement, tvm_op
 from .assemble import Assembly, PartitionFailed, assemble
 
+# End to end, rounding differences of the kernels add up along the model: the check allows
+# ten times the per-candidate tolerance (the zoo's measured error is under a quarter of it).
+END_TO_END_RTOL = 1e-3
 MAX_CHECK_ROUNDS = 3
+
+
+@dataclass
+class Finalist:
+    """One complete placement, assembled, checked against the unoptimized model, and ready to
+    time: its partitions, the DP's estimate (NaN where a kernel was never measured alone), the
+    partitions that fell back to TVM and why."""
+
+    partitions: list[Partition]
+    assembly: Assembly
+    vm: relax.VirtualMachine
+    estimated_ms: float
+    fallbacks: list[tuple[Partition, str]] = field(default_factory=list)
+
+    @property
+    def simplicity(self) -> tuple[int, int, int]:
+        """(libraries, partitions, partitions in a reduced precision): the fewer, the simpler;
+        of two placements as fast, the one computing more in float32 is the more accurate."""
+        reduced = sum(p.candidate.precision != FLOAT32 for p in self.partitions)
+        return len({p.backend for p in self.partitions}), len(self.partitions), reduced
+
+
+def wrong_result(vm: relax.VirtualMachine, inputs, expected: list[np.ndarray], rtol: float | None = None) -> str | None:
+    """How the module's outputs on ``inputs`` (tensors) miss ``expected`` by more than ``rtol``
+    (default ``END_TO_END_RTOL``; an accuracy budget for reduced precisions), or None."""
+    return mismatch(numpy_outputs(vm["main"](*inputs)), expected, rtol=rtol or END_TO_END_RTOL)
 
 
 def as_tvm_runs_it(original, prepared, arrays, expected, target) -> Finalist:

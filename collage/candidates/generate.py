@@ -22,6 +22,8 @@ from .subgraph import SubGraph
 
 REGION_SUFFIX = ".region"  # an inference engine's largest-region candidates are named "<backend>.region"
 PART_SUFFIX = ".part"  # "<backend>.part": the first or the last part of such a region, cut at one tensor
+FILE_SUFFIX = ".model"  # an engine running the user's own file whole: "<backend>.model"
+PROGRAM_SUFFIX = ".program"  # ... compiling the user's PyTorch program whole: "<backend>.program"
 MAX_CUTS = 4  # cut places per region, spread evenly over it
 # Groups grown from one seed, smallest first. Where element-wise operators are densely
 # connected the connected groups of up to ``max_size`` are countless (an LSTM unrolled over

@@ -4,7 +4,7 @@ sub-graph in, here.
 Collage computes in float32 unless the user gives an accuracy budget (``Config.accuracy``).
 With one, a backend that declares reduced precisions (``Backend.precisions``) offers each of
 its candidates in them too; the budget then decides, by measurement, which are kept
-(``placing.finalists``). bfloat16 is offered only where the CPU computes it natively
+(``choosing.finalists``). bfloat16 is offered only where the CPU computes it natively
 (AVX512_BF16 or AMX): elsewhere a library converts it in software, slower than float32.
 int8 (weights quantized ahead, activations at run time) is offered where the CPU has
 integer dot products libraries use (AVX2; VNNI makes them faster). On a GPU, TF32 is offered

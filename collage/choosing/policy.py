@@ -8,7 +8,7 @@ user's own ONNX file, ``engines_on_program`` each compiling the user's own PyTor
 ``within_budget`` holds every finalist that computes in a reduced
 precision to the accuracy budget, ``repaired`` bringing the op-level one back within it
 partition by partition; ``best_engine`` names the engine the graph-level search refines
-with. ``collage.api`` wires these; the race itself is ``placing.finalists``.
+with. ``collage.api`` wires these; the race itself is ``choosing.finalists``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from ..assembling.checked import assemble_and_check
+from ..assembling.checked import Finalist, assemble_and_check
 from ..candidates.backend import GRAPH_LEVEL, REFERENCE_BACKEND
 from ..candidates.generate import PART_SUFFIX, REGION_SUFFIX
 from ..candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable, reduced, short
@@ -26,8 +26,7 @@ from ..measuring.cost import cpu_info
 from ..measuring.build import device_for
 from ..measuring.arrays import numpy_outputs, relative_error, to_tensors
 from ..model.prepare import Model
-from ..placing.engine_alone import EngineAloneFailed, checked_on_file, checked_on_program
-from ..placing.finalists import Finalist
+from .engine_alone import EngineAloneFailed, checked_on_file, checked_on_program
 from ..placing.placement import Partition, Placement, place
 from ..record import KERNELS_ONLY, OP_LEVEL, OP_LEVEL_REDUCED, FinalistKind, FinalistName, RunRecord
 

@@ -6,7 +6,7 @@ import math
 from typing import NamedTuple
 
 from ..candidates.precision import FLOAT32, short
-from ..placing.finalists import MAX_OTHERS_BUSY
+from ..choosing.finalists import MAX_OTHERS_BUSY
 from ..record import OP_LEVEL, FinalistKind, FinalistName, FinalistResult, RunRecord
 
 MAX_OPS_SHOWN = 4

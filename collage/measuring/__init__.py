@@ -7,6 +7,6 @@ default: a crash or a hang costs one candidate), on the helpers of ``runner``; `
 holds the one timing protocol; ``transition`` measures what entering a backend costs;
 ``cost.Cost`` is a value, or invalid with its reason, or unknown; ``meters`` read energy where
 the machine has a counter; ``threads`` sets the process-wide thread counts. On a fleet,
-``rpc_runner.RPCRunner`` sends the work to measuring servers (``server``, ``collage serve``)
+``rpc_runner.RPCRunner`` sends the work to measuring servers (``collage.server``, ``collage serve``)
 through TVM's RPC tracker, as plain data (``wire``).
 """

@@ -2,7 +2,7 @@
 
 A library that segfaults, aborts, hangs or runs out of memory on one sub-graph must cost that
 candidate, not the optimization. So, as TVM meta-schedule's runners do, candidates are
-compiled, checked and timed in a worker process (``serve``, which calls the runner
+compiled, checked and timed in a worker process (``worker_loop``, which calls the runner
 interface's ``measure``); the optimizing process waits with a deadline. A worker that dies
 or overruns is killed, its candidate becomes ``Cost.invalid(reason)`` (the signal, or the
 timeout, and the last line the worker wrote), and the next candidate gets a fresh worker.
@@ -35,13 +35,13 @@ TIMEOUT_S = 300.0
 
 # The worker's command line: not ``-m collage.measuring.isolation``, which runs this module a second time
 # after the package imported it.
-WORKER_MAIN = "import sys; from collage.measuring.isolation import serve; serve(*map(int, sys.argv[1:]))"
+WORKER_MAIN = "import sys; from collage.measuring.isolation import worker_loop; worker_loop(*map(int, sys.argv[1:]))"
 
 STARTUP_S = 120.0  # a worker imports TVM and torch: about 4 s on the 2-core development machines
 
 
 class WorkerProcess:
-    """Measures in one worker process (``serve``), started on first use
+    """Measures in one worker process (``worker_loop``), started on first use
     and again after it dies, on ``threads`` threads. Each task gets ``timeout_s`` seconds.
 
     The worker's own output (TVM's C++ warnings, a library's crash report) goes to a file, not
@@ -219,7 +219,7 @@ def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
     return b"".join(chunks)
 
 
-def serve(task_fd: int, result_fd: int, threads: int) -> None:
+def worker_loop(task_fd: int, result_fd: int, threads: int) -> None:
     """The worker's loop: read a task, measure it, write the result, until the parent leaves."""
     pin_threads(threads)
     tasks, results = os.fdopen(task_fd, "rb"), os.fdopen(result_fd, "wb")

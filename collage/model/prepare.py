@@ -81,7 +81,7 @@ def prepare_model(
     """Bind, check and simplify ``mod``; gather the backends and the log; draw the seeded
     inputs; check the ``calibration`` sets (``checked_calibration``). ``OptimizeError`` for
     input it cannot take."""
-    original = bound_main(mod, params)
+    original = with_params_bound(mod, params)
     calibration = checked_calibration(original["main"], calibration)
     asked = backend_set(backends)
     usable, excluded = asked.usable(config.target)
@@ -133,7 +133,7 @@ def onnx_proto(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
     return model if isinstance(model, onnx.ModelProto) else onnx.load(model)
 
 
-def bound_main(mod, params: Mapping[str, np.ndarray] | None) -> tvm.IRModule:
+def with_params_bound(mod, params: Mapping[str, np.ndarray] | None) -> tvm.IRModule:
     """``mod`` with ``params`` bound into ``main``, checked to take static tensor inputs only."""
     if not isinstance(mod, tvm.IRModule):
         raise OptimizeError(

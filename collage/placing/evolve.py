@@ -39,7 +39,7 @@ class Individual(list):
 
 
 @dataclass
-class SearchResult:
+class EvolutionResult:
     best: tuple[int, ...]
     best_ms: float
     leaders: list[tuple[tuple[int, ...], float]]  # the best distinct strings found, best first
@@ -51,7 +51,7 @@ class SearchResult:
     logbook: tools.Logbook
 
 
-def search(
+def evolutionary_search(
     bits: int,
     latency_ms: Callable[[tuple[int, ...]], float],
     seeds: Sequence[Sequence[int]],
@@ -66,7 +66,7 @@ def search(
     leaders: int = 3,
     seed: int = 0,
     progress: bool = True,
-) -> SearchResult:
+) -> EvolutionResult:
     """The bit strings of ``bits`` bits with the lowest ``latency_ms`` (math.inf for one that
     cannot run) that the search finds, the best ``leaders`` of them kept (one noisy sample can
     flatter a string, so the caller may time the leaders again); each distinct string is asked
@@ -82,7 +82,7 @@ def search(
                 seen[key] = latency_ms(key)
         leading = sorted(seen.items(), key=lambda kv: kv[1])[:leaders]
         logbook.record(gen=0, evaluated=len(seen), best_ms=leading[0][1])
-        return SearchResult(*leading[0], leading, [seen[tuple(s)] for s in seeds], 0, len(seen),
+        return EvolutionResult(*leading[0], leading, [seen[tuple(s)] for s in seeds], 0, len(seen),
                             time.perf_counter() - started, "every placement measured", logbook)
 
     toolbox = base.Toolbox()
@@ -145,7 +145,7 @@ def search(
         if bar is not None:
             bar.close()
     leading = [(tuple(ind), ind.fitness.values[0]) for ind in best]
-    return SearchResult(
+    return EvolutionResult(
         *leading[0], leading, seed_ms, len(logbook) - 1, len(seen), time.perf_counter() - started, stopped, logbook
     )
 

@@ -1,6 +1,6 @@
 """A placement as data: which backend runs which operators of which model, in the form a saved
 placement file holds it (``deploying.saved``) and a fleet's race request carries each
-finalist (``placing.elsewhere``), and read back onto a model's graph.
+finalist (``choosing.elsewhere``), and read back onto a model's graph.
 
 ``RecordedPlacement.to_json`` writes the dict JSON holds, ``RecordedPlacement.from_json``
 reads one back and names what is wrong with it in one line (``PlacementFileError``).
@@ -23,12 +23,11 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 
-from ..candidates.generate import Candidate
+from ..candidates.generate import FILE_SUFFIX, PROGRAM_SUFFIX, Candidate
 from ..candidates.precision import FLOAT32
 from ..candidates.subgraph import SubGraph
 from ..errors import PlacementFileError
 from ..model.graph import DataflowGraph
-from .engine_alone import FILE_SUFFIX, PROGRAM_SUFFIX
 from .placement import Partition
 from .substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .substitute import Step, replay

@@ -1,26 +1,41 @@
 """Graph-level refinement of an op-level placement: which engine, which units, which leaders.
 
 Wires the pieces of Collage's second level together: the ``OffloadSpace`` of the op-level
-placement for one inference engine, the evolutionary ``search`` over it, and ``EndToEnd``
-measurements as the fitness. The caller times the leaders against its other finalists.
+placement for one inference engine, the ``evolutionary_search`` over it, and end-to-end
+measurements as the fitness, which the caller hands in (``PlacementLatency``: the finalists'
+stage measures placements assembled, a later stage than this one). The caller times the
+leaders against its other finalists.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from .end_to_end import EndToEnd
-from .evolve import SearchResult, search
+from ..measuring.cost import Cost
+from ..model.graph import DataflowGraph
+from .evolve import EvolutionResult, evolutionary_search
 from .offload import OffloadSpace
 from .placement import Partition
+
+
+class PlacementLatency(Protocol):
+    """What the search measures with (``choosing.end_to_end.EndToEnd``): placements of
+    ``graph``, each assembled and timed end to end, and how many were measured now."""
+
+    graph: DataflowGraph
+    measured: int
+
+    def latency(self, partitions: Sequence[Partition]) -> Cost: ...
 
 
 @dataclass
 class Refinement:
     engine: str
     space: OffloadSpace
-    result: SearchResult
+    result: EvolutionResult
     leaders: list[tuple[tuple[Partition, ...], float]]  # placements the search found best, with their ms
     measured: int  # placements measured now (the rest came from the cost log)
 
@@ -44,7 +59,7 @@ class Refinement:
 def refine(
     op_level: tuple[Partition, ...],
     engine,
-    end_to_end: EndToEnd,
+    end_to_end: PlacementLatency,
     *,
     budget_s: float,
     patience: int,
@@ -64,6 +79,6 @@ def refine(
         return cost.median_ms if cost.is_valid else math.inf
 
     seeds = [[0] * len(space), space.all_ones()]
-    result = search(len(space), latency_ms, seeds, budget_s=budget_s, patience=patience, seed=seed, progress=progress)
+    result = evolutionary_search(len(space), latency_ms, seeds, budget_s=budget_s, patience=patience, seed=seed, progress=progress)
     leaders = [(space.decode(bits), ms) for bits, ms in result.leaders if math.isfinite(ms)]
     return Refinement(engine.name, space, result, leaders, end_to_end.measured)

@@ -7,7 +7,7 @@ docs/timing.md):
 
 - the op-level DP's answer;
 - each inference engine alone on the whole model, as its users run it: from the user's own
-  ONNX file when the model came as one (``collage.placing.engine_alone``), and from collage's
+  ONNX file when the model came as one (``collage.choosing.engine_alone``), and from collage's
   conversion, which is the engine's largest region when it covers every op;
 - each engine's largest regions with TVM for the rest, when an op keeps it from the whole;
 - the graph-level search's leaders.
@@ -36,15 +36,14 @@ from typing import NamedTuple
 import numpy as np
 from tvm import relax
 
-from ..assembling.assemble import Assembly, bound_main
-from ..candidates.precision import FLOAT32
+from ..assembling.assemble import bound_main
 from ..measuring.cost import Cost
 from ..measuring.meters import EnergyMeter
 from ..measuring.build import device_for, synchronized
 from ..measuring.arrays import to_tensors
 from ..measuring.timing import Protocol, busy_cores_by_others, cpu_seconds, median_and_iqr, time_contenders, time_rounds
-from .objective import Objective
-from .placement import Partition
+from ..assembling.checked import Finalist
+from ..placing.objective import Objective
 
 FINALIST_PROTOCOL = Protocol(rounds=7, block_ms=60.0, settle_s=0.1)
 # Undecided leaders are timed again, ``EXTRA_ROUNDS`` at a time, up to this many rounds in all.
@@ -57,26 +56,6 @@ NOISE_FLOOR = 0.02
 MAX_OTHERS_BUSY = 0.15
 ATTEMPTS = 3
 PAUSE_S = 2.0
-
-
-@dataclass
-class Finalist:
-    """One complete placement, assembled, checked against the unoptimized model, and ready to
-    time: its partitions, the DP's estimate (NaN where a kernel was never measured alone), the
-    partitions that fell back to TVM and why."""
-
-    partitions: list[Partition]
-    assembly: Assembly
-    vm: relax.VirtualMachine
-    estimated_ms: float
-    fallbacks: list[tuple[Partition, str]] = field(default_factory=list)
-
-    @property
-    def simplicity(self) -> tuple[int, int, int]:
-        """(libraries, partitions, partitions in a reduced precision): the fewer, the simpler;
-        of two placements as fast, the one computing more in float32 is the more accurate."""
-        reduced = sum(p.candidate.precision != FLOAT32 for p in self.partitions)
-        return len({p.backend for p in self.partitions}), len(self.partitions), reduced
 
 
 class Verdict(enum.Enum):

@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 import tvm
 
-from ..assembling.checked import assemble_and_check
+from ..assembling.checked import Finalist, assemble_and_check
 from ..assembling.assemble import Assembly
 from ..candidates.backend import BackendSet, default_backends
 from ..errors import OptimizeError, PlacementFileError
@@ -37,9 +37,9 @@ from ..errors import first_line
 from ..measuring.wire import ServerDevice, pack, unpack
 from ..model.prepare import dataflow_graph
 from .engine_alone import EngineAloneFailed, checked_on_file
-from .finalists import Finalist, Race, Timed, time_finalists
-from .placement import Partition, Placement
-from .recorded import RecordedPartition, RecordedPlacement, check_model, replay_substitutions
+from .finalists import Race, Timed, time_finalists
+from ..placing.placement import Partition, Placement
+from ..placing.recorded import RecordedPartition, RecordedPlacement, check_model, replay_substitutions
 
 # What the race is given on the server beyond the per-candidate deadline: assembling every
 # finalist (an engine compiling a whole model takes seconds) and up to 21 rounds of each.

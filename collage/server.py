@@ -25,12 +25,12 @@ import time
 
 import tvm
 
-from ..candidates.backend import default_backends
-from .cost import Cost
-from .runner import MeasureResult
-from .isolation import WorkerProcess
-from ..errors import first_line
-from .wire import Answer, ArrayStore, MissingArrays, ServerDevice, count, decode, encode_results
+from .candidates.backend import default_backends
+from .measuring.cost import Cost
+from .measuring.runner import MeasureResult
+from .measuring.isolation import WorkerProcess
+from .errors import first_line
+from .measuring.wire import Answer, ArrayStore, MissingArrays, ServerDevice, count, decode, encode_results
 
 _worker: WorkerProcess | None = None  # this session's (each session is a process of its own)
 _store = ArrayStore()  # the arrays this session was sent, by digest (weights cross the network once)
@@ -69,12 +69,12 @@ def session_worker(threads: int) -> WorkerProcess:
     return _worker
 
 
-def time_finalists(threads: int, data: bytes) -> bytes:
+def serve_race(threads: int, data: bytes) -> bytes:
     """``collage.time_finalists``: the finalists of an optimization for this device, built,
-    checked and timed against each other in the session's worker (``placing.elsewhere``), so
+    checked and timed against each other in the session's worker (``choosing.elsewhere``), so
     that they run on the server's threads and a library that crashes costs the race only;
     never raises."""
-    from ..placing import elsewhere
+    from .choosing import elsewhere
 
     job = functools.partial(elsewhere.run, bytes(data), threads, _address)
     try:
@@ -88,7 +88,7 @@ def register(threads: int) -> None:
     process (and so in every session TVM's server forks from it)."""
     tvm.register_global_func("collage.device", functools.partial(device_json, threads), override=True)
     tvm.register_global_func("collage.measure", functools.partial(measure_remote, threads), override=True)
-    tvm.register_global_func("collage.time_finalists", functools.partial(time_finalists, threads), override=True)
+    tvm.register_global_func("collage.time_finalists", functools.partial(serve_race, threads), override=True)
 
 
 # How many ports above the first one a server tries, as TVM's own rpc_server does.
@@ -102,7 +102,7 @@ def serve(tracker: tuple[str, int], key: str, threads: int, host: str = "127.0.0
     ``threads`` threads."""
     from tvm.rpc.server import PopenRPCServerState
 
-    from .rpc_runner import FleetError, reachable
+    from .measuring.rpc_runner import FleetError, reachable
 
     global _address
     reachable(tracker)  # one line now, rather than TVM's minute of retries

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..candidates.backend import default_backends
+from ..candidates.generate import PROGRAM_SUFFIX
 from ..measuring.cost import Cost
 from ..measuring.isolation import WorkerProcess
 from ..measuring.build import device_for
@@ -38,8 +39,8 @@ from ..measuring.arrays import to_tensors
 from ..measuring.timing import Protocol, block_calls, settle, timed_block
 from ..measuring.wire import unpack
 from . import elsewhere
-from .engine_alone import PROGRAM_SUFFIX
-from .finalists import MAX_ROUNDS, Finalist, Race, Verdict, bound_call
+from ..assembling.checked import Finalist
+from .finalists import MAX_ROUNDS, Race, Verdict, bound_call
 
 # Raced again only when the runner-up's paid time is within this share of the kept one's:
 # farther apart, the conditions of the two races were never seen to swap them. None: never.

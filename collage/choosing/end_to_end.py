@@ -19,31 +19,23 @@ import numpy as np
 from tvm import relax
 
 from ..assembling.assemble import Assembly, PartitionFailed, assemble
+from ..assembling.checked import wrong_result
 from ..candidates.backend import BackendSet
 from ..candidates.precision import FLOAT32
 from ..measuring.cost import Cost, Device
 from ..measuring.cost_log import CostLog, PlacementKey
 from ..measuring.build import build_vm, device_for, kernel_backends, synchronized
 from ..errors import first_line
-from ..measuring.arrays import mismatch, numpy_outputs, to_tensors
+from ..measuring.arrays import to_tensors
 from ..measuring.timing import Timing, time_call
 from ..model.graph import DataflowGraph
-from .placement import Partition
+from ..placing.placement import Partition
 
-# End to end, rounding differences of the kernels add up along the model: the check allows
-# ten times the per-candidate tolerance (the zoo's measured error is under a quarter of it).
-END_TO_END_RTOL = 1e-3
 # A search times many placements: samples of at least 5 ms, stopping at 3% spread or 1.5 s.
 SEARCH_TIMING = Timing(warmup=2, warmup_s=0.2, min_samples=5, max_samples=15, rel_spread=0.03,
                        min_sample_ms=5.0, budget_s=1.5)
 # Compiled kernels kept between placements cover at most this many times the model's ops.
 KEPT_KERNELS_PER_OP = 4
-
-
-def wrong_result(vm: relax.VirtualMachine, inputs, expected: list[np.ndarray], rtol: float | None = None) -> str | None:
-    """How the module's outputs on ``inputs`` (tensors) miss ``expected`` by more than ``rtol``
-    (default ``END_TO_END_RTOL``; an accuracy budget for reduced precisions), or None."""
-    return mismatch(numpy_outputs(vm["main"](*inputs)), expected, rtol=rtol or END_TO_END_RTOL)
 
 
 def placement_name(partitions: Sequence[Partition]) -> str:

@@ -23,7 +23,7 @@ from tvm import relax
 
 from ..assembling.assemble import Assembly, KernelSource
 from ..candidates.backend import Backend
-from ..candidates.generate import Candidate
+from ..candidates.generate import FILE_SUFFIX, PROGRAM_SUFFIX, Candidate
 from ..candidates.onnx_convert import IR_VERSION, supports
 from ..candidates.precision import FLOAT32, precision_argument, short
 from ..candidates.subgraph import SubGraph
@@ -32,12 +32,9 @@ from ..measuring.build import build_vm, device_for
 from ..errors import first_line
 from ..measuring.arrays import static_shape, to_tensors
 from ..model.graph import DataflowGraph
-from .end_to_end import wrong_result
-from .finalists import Finalist
-from .placement import Partition
+from ..assembling.checked import Finalist, wrong_result
+from ..placing.placement import Partition
 
-FILE_SUFFIX = ".model"  # the pattern name of an engine running the user's file: "<backend>.model"
-PROGRAM_SUFFIX = ".program"  # ... compiling the user's PyTorch program whole: "<backend>.program"
 
 _ids = itertools.count()
 
