@@ -11,3 +11,9 @@ from collage.model.frontend import ModelImportError, load_onnx  # noqa: F401
 from collage.candidates.pattern import Pattern, PatternRule  # noqa: F401
 from collage.deploying.saved import PlacementFileError, save_placement  # noqa: F401
 from collage.model.simplify import simplify  # noqa: F401
+
+from collage.backends import builtin_backends
+from collage.candidates import backend as _registry
+
+# The registry sits below the backend files, which import it: the package hands it the built-ins.
+_registry.provide_builtins(builtin_backends)

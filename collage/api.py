@@ -47,7 +47,7 @@ from .measuring.build import is_cuda, kernel_backends, module_cuda_graph_blocker
 from .measuring.threads import pin_threads
 from .measuring.timing import Timing
 from .model.frontend import ModelImportError, import_model
-from .model.prepare import Model, Unplaceable, dataflow_graph, onnx_proto, prepare_model
+from .prepare import Model, Unplaceable, dataflow_graph, onnx_proto, prepare_model
 from .choosing.end_to_end import EndToEnd
 from .choosing.engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
 from .choosing import confirm, elsewhere

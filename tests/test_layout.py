@@ -1,7 +1,6 @@
 """The package layout: backends/ and patterns/ are parts of the library, never top-level packages;
 no module of it imports one that imports it back, or another's private names; each part of
-the library imports only the layers before it, but for the imports still listed as pointing
-backwards (issue 37), a list that may only shrink."""
+the library imports only the layers before it (``LAYERS``), lazy imports included."""
 
 import ast
 import pathlib
@@ -84,23 +83,8 @@ def test_every_package_is_installed():
 # the package's own ``__init__``; backends/ and patterns/ are ``collage.backends`` and
 # ``collage.patterns``.
 LAYERS = ("errors", "model", "candidates", "patterns", "measuring", "backends", "placing", "assembling", "config",
-          "record", "choosing", "deploying", "api", "server", "torch_compile", "collage", "cli", "__main__")  # fmt: skip
-
-# Imports that still point backwards (importing module, imported module), lazy ones included.
-# None may be added; one that is fixed must leave the list. What each asks for: a core of the
-# shared nouns (Config) before the stages; ``prepare`` as a stage after measuring; the
-# conversions' shared helpers in the model; the registry's built-in backends given from the top.
-BACKWARDS = {
-    ("collage.candidates.backend", "collage.backends"),
-    ("collage.measuring.measure", "collage.config"),
-    ("collage.model.frontend", "collage.candidates.onnx_convert"),
-    ("collage.model.prepare", "collage.candidates.backend"),
-    ("collage.model.prepare", "collage.config"),
-    ("collage.model.prepare", "collage.measuring.arrays"),
-    ("collage.model.prepare", "collage.measuring.build"),
-    ("collage.model.prepare", "collage.measuring.cost_log"),
-}
-
+          "record", "prepare", "choosing", "deploying", "api", "server", "torch_compile", "collage", "cli",
+          "__main__")  # fmt: skip
 
 def _library_modules() -> dict[str, pathlib.Path]:
     """Every module of the library by its name, backends/ and patterns/ included."""
@@ -132,7 +116,7 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else parts[0]
 
 
-def test_each_part_imports_only_earlier_layers_but_the_listed_ones():
+def test_each_part_imports_only_earlier_layers():
     modules = _library_modules()
     assert {_layer(m) for m in modules} <= set(LAYERS), "a new part of the library: place it in LAYERS"
     backwards = set()
@@ -142,5 +126,4 @@ def test_each_part_imports_only_earlier_layers_but_the_listed_ones():
                 imported = imported.rsplit(".", 1)[0]
             if imported in modules and LAYERS.index(_layer(name)) < LAYERS.index(_layer(imported)):
                 backwards.add((name, imported))
-    assert backwards - BACKWARDS == set(), "imports a later layer"
-    assert BACKWARDS - backwards == set(), "no longer imported backwards: take it off BACKWARDS"
+    assert backwards == set(), "imports a later layer"

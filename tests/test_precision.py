@@ -170,7 +170,7 @@ def test_the_report_shows_a_reduced_partitions_own_error():
 
 
 def test_calibration_sets_replace_the_second_draw_and_bad_ones_are_named(tmp_path):
-    from collage.model.prepare import prepare_model
+    from collage.prepare import prepare_model
 
     x, w = inputs(seed=5)
     config = Config(threads=1, accuracy=1e-2)

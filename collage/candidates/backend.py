@@ -200,6 +200,15 @@ class BackendSet:
 
 
 _default: BackendSet | None = None
+# Where the built-ins come from: ``backends.builtin_backends``, handed in by the package
+# (``collage/__init__.py``), since the backend files import this module.
+_builtins: Callable[[], Iterable[Backend]] | None = None
+
+
+def provide_builtins(load: Callable[[], Iterable[Backend]]) -> None:
+    """Name what loads the built-in backends, for the default set to start from."""
+    global _builtins
+    _builtins = load
 
 
 def default_backends() -> BackendSet:
@@ -207,9 +216,9 @@ def default_backends() -> BackendSet:
     registered. Built-ins load on first use, so importing collage stays cheap."""
     global _default
     if _default is None:
-        from collage.backends import builtin_backends
-
-        _default = BackendSet(builtin_backends())
+        if _builtins is None:
+            raise RuntimeError("the built-in backends were never provided: import collage first")
+        _default = BackendSet(_builtins())
     return _default
 
 

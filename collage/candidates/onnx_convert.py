@@ -30,11 +30,10 @@ from onnx import helper, numpy_helper
 from tvm import relax
 
 from ..model.graph import DataflowGraph, Node
+from ..model.frontend import IR_VERSION, OPSET
 from .backend import Unsupported
 from .static import check_type, dtype_of, ints, number, static_ints, static_shape
 
-OPSET = 17
-IR_VERSION = 10  # onnx writes IR 14 by default; onnxruntime 1.31 loads at most 13
 
 # Element types ONNX Runtime's and OpenVINO's CPU kernels broadly implement. bfloat16 and
 # the wider unsigned types exist in ONNX but have almost no CPU kernels there.

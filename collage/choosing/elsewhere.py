@@ -35,7 +35,7 @@ from ..measuring.runner import weights_in, weights_out
 from ..measuring.build import build_vm
 from ..errors import first_line
 from ..measuring.wire import ServerDevice, pack, unpack
-from ..model.prepare import dataflow_graph
+from ..prepare import dataflow_graph
 from .engine_alone import EngineAloneFailed, checked_on_file
 from .finalists import Race, Timed, time_finalists
 from ..placing.placement import Partition, Placement

@@ -24,7 +24,8 @@ from tvm import relax
 from ..assembling.assemble import Assembly, KernelSource
 from ..candidates.backend import Backend
 from ..candidates.generate import FILE_SUFFIX, PROGRAM_SUFFIX, Candidate
-from ..candidates.onnx_convert import IR_VERSION, supports
+from ..candidates.onnx_convert import supports
+from ..model.frontend import IR_VERSION
 from ..candidates.precision import FLOAT32, precision_argument, short
 from ..candidates.subgraph import SubGraph
 from ..measuring.cost import Cost

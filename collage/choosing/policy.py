@@ -25,7 +25,7 @@ from ..errors import OptimizeError
 from ..measuring.cost import cpu_info
 from ..measuring.build import device_for
 from ..measuring.arrays import numpy_outputs, relative_error, to_tensors
-from ..model.prepare import Model
+from ..prepare import Model
 from .engine_alone import EngineAloneFailed, checked_on_file, checked_on_program
 from ..placing.placement import Partition, Placement, place
 from ..record import KERNELS_ONLY, OP_LEVEL, OP_LEVEL_REDUCED, FinalistKind, FinalistName, RunRecord

@@ -23,7 +23,7 @@ import math
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import tvm_ffi
@@ -31,14 +31,14 @@ import tvm_ffi
 from ..candidates.backend import REFERENCE_BACKEND, BackendSet
 from ..candidates.generate import Candidate
 from ..candidates.precision import FLOAT32
-from ..config import Config
 from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
-from .runner import MeasureResult, MeasureTask
+from .runner import MeasureResult, MeasureRunner, MeasureTask
 from .isolation import shared_worker
 from .warm import processes_here, warm
 from .meters import EnergyMeter
 from .build import intermediate_values
+from .timing import Timing
 from .transition import TransitionTask
 
 TRANSITION = "transition"  # the pattern name of the transition-cost row in the log
@@ -46,6 +46,18 @@ TRANSITION = "transition"  # the pattern name of the transition-cost row in the 
 # compiler is paid rarely, small enough that a batch that does not compile (each of its
 # candidates is then compiled alone) or a worker that dies on one costs little.
 BATCH = 48
+
+
+class MeasureSettings(Protocol):
+    """What the measurer reads of an optimization's settings: ``collage.config.Config``, which
+    the caller hands in (the settings name every stage's, and sit after them)."""
+
+    target: str
+    threads: int
+    timing: Timing
+    accuracy: float | None  # how closely a reduced-precision candidate must match
+    seed: int
+    runner: MeasureRunner | None  # None: this process's shared worker
 
 
 class Measurer:
@@ -60,7 +72,7 @@ class Measurer:
     def __init__(
         self,
         backends: BackendSet,
-        config: Config = Config(),
+        config: MeasureSettings,
         log: CostLog | None = None,
         meter: EnergyMeter | None = None,
     ):

@@ -1,9 +1,9 @@
-"""The model, from what the user hands over to what every stage takes.
+"""The model, from what the user hands over to a graph to place.
 
 ``frontend`` imports it (a Relax module, an ONNX file, a torch module through torch.export);
-``prepare`` binds its weights, checks its inputs are static tensors, simplifies it
-(``simplify``: a fixed point of TVM's passes and small dpl rewrites), gathers the backends and
-the cost log, and draws the seeded inputs and the reference outputs every assembled module is
-checked against; ``graph`` is the indexed, read-only view of ``main``'s dataflow that the
-candidates, the placement and the assembly index into.
+``simplify`` is a fixed point of TVM's passes and small dpl rewrites; ``graph`` is the
+indexed, read-only view of ``main``'s dataflow that the candidates, the placement and the
+assembly index into. Binding the weights, gathering the backends and the cost log, and the
+reference outputs every assembled module is checked against are ``collage.prepare``, which
+reads the settings and the measuring stage, so it comes after them.
 """

@@ -23,6 +23,12 @@ import tvm
 
 from ..errors import first_line
 
+# The ONNX opset and IR version collage writes, its own conversion and a torch module's export
+# alike, which every engine here loads: onnx writes IR 14 by default, ONNX Runtime 1.31 loads at
+# most 13; the TorchScript exporter writes opset 17 natively (the dynamo exporter starts at 18).
+OPSET = 17
+IR_VERSION = 10
+
 
 class ModelImportError(Exception):
     """The model file cannot be imported; the message names the file and the reason."""
@@ -106,10 +112,6 @@ def export_onnx(module, example_inputs) -> tuple[object | None, str | None]:
     among the finalists, beside collage's own conversion."""
     import onnx
     import torch
-
-    # The opset and IR version collage's own conversion writes, which every engine here loads;
-    # the TorchScript exporter writes opset 17 natively (the dynamo exporter starts at 18).
-    from ..candidates.onnx_convert import IR_VERSION, OPSET
 
     if isinstance(module, torch.export.ExportedProgram):
         module = module.module()

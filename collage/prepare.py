@@ -17,15 +17,15 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..candidates.backend import REFERENCE_BACKEND, Backend, BackendSet, default_backends
-from ..config import Config
-from ..errors import OptimizeError
-from ..measuring.cost_log import CostLog
-from ..measuring.build import REFERENCE_TARGET, reference_vm, values_target
-from ..errors import first_line
-from ..measuring.arrays import numpy_outputs, random_inputs, static_shape, to_tensors
-from .graph import DataflowGraph
-from .simplify import SimplifyReport, simplify
+from .candidates.backend import REFERENCE_BACKEND, Backend, BackendSet, default_backends
+from .config import Config
+from .errors import OptimizeError
+from .measuring.cost_log import CostLog
+from .measuring.build import REFERENCE_TARGET, reference_vm, values_target
+from .errors import first_line
+from .measuring.arrays import numpy_outputs, random_inputs, static_shape, to_tensors
+from .model.graph import DataflowGraph
+from .model.simplify import SimplifyReport, simplify
 
 
 @dataclass
