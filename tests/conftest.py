@@ -1,5 +1,6 @@
 """Test-wide settings: no test writes to the user's cost log; finalists are raced again in
-fresh processes only where that is under test."""
+fresh processes only where that is under test, and raced in short blocks where the race itself
+is not."""
 
 import pytest
 
@@ -33,3 +34,16 @@ def quick_call_path_timing(request, monkeypatch):
         from collage.measuring.timing import Protocol
 
         monkeypatch.setattr(caller, "CALL_PATHS", Protocol(rounds=3, block_ms=5.0, settle_s=0.0, warmup_s=0.01))
+
+
+@pytest.fixture(autouse=True)
+def quick_finalist_race(request, monkeypatch):
+    """The finalists' race (``finalists.time_finalists``) times each finalist in blocks of 60 ms
+    after 0.1 s of idle, 7 rounds or up to 21: 5-13 s of each optimization here, most of the
+    suite's time. Elsewhere than in the tests of the race and its confirmation, the same rounds
+    run in blocks of 15 ms after 20 ms of idle (50 ms of warm-up); every verdict is reached as before."""
+    if not request.module.__name__.endswith(("test_finalists", "test_confirm")):
+        from collage.choosing import finalists
+        from collage.measuring.timing import Protocol
+
+        monkeypatch.setattr(finalists, "FINALIST_PROTOCOL", Protocol(rounds=7, block_ms=15.0, settle_s=0.02, warmup_s=0.05))

@@ -61,13 +61,13 @@ class EndToEnd:
         log: CostLog,
         model: str,
         threads: int,
-        timing: Timing = SEARCH_TIMING,
+        timing: Timing | None = None,
     ):
         self.graph, self.backends, self.target = graph, backends, target
         self.arrays, self.expected = arrays, expected
         self.log, self.model = log, model
         self.device = Device.this_machine(threads, target)
-        self.timing = timing
+        self.timing = timing or SEARCH_TIMING
         self.measured = 0
         self._latencies: dict[str, Cost] = {}
         self._compiled = _LeastRecentlyUsed(KEPT_KERNELS_PER_OP * len(graph))

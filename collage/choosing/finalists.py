@@ -122,7 +122,7 @@ def time_finalists(
     contenders: dict[str, Finalist | relax.VirtualMachine],
     arrays: list[np.ndarray],
     target: str,
-    protocol: Protocol = FINALIST_PROTOCOL,
+    protocol: Protocol | None = None,
     meter: EnergyMeter | None = None,
 ) -> Timed:
     """End-to-end cost of each contender on ``arrays``, timed against each other (and metered,
@@ -137,7 +137,9 @@ def time_finalists(
     average; 70 and 71 ms on a quiet machine). So the finalists are timed again, after a
     pause, while other processes kept more than ``MAX_OTHERS_BUSY`` cores busy, up to
     ``ATTEMPTS`` times; the quietest timing is kept. Unmetered, the rounds then go on for the
-    leader and each finalist still undecided against it (``Race``), up to ``MAX_ROUNDS``."""
+    leader and each finalist still undecided against it (``Race``), up to ``MAX_ROUNDS``.
+    ``protocol`` defaults to ``FINALIST_PROTOCOL``."""
+    protocol = protocol or FINALIST_PROTOCOL
     inputs = to_tensors(arrays, device_for(target))
     calls = {label: bound_call(contender, inputs, target) for label, contender in contenders.items()}
     if meter is not None:
