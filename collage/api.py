@@ -190,7 +190,6 @@ def optimize_with(
     model = prepare_model(config, imported.mod, backends, cost_log, params, onnx_model, calibration, program)
     record.calibration_sets = len(model.calibration)
     original, prepared, usable, backend_set, log = model.original, model.prepared, model.usable, model.backends, model.log
-    arrays = model.arrays
     record.simplify_failed = model.simplify_failed
     try:
         graph = dataflow_graph(prepared)
@@ -234,9 +233,9 @@ def optimize_with(
 
     t = time.perf_counter()
     stage(f"assembling and checking {len(placements)} placement(s)")
-    expected = model.expected
+    reference = model.reference
     finalists = {
-        name: assemble_and_check(graph, placement, expected, arrays, backend_set, target, threads, config.accuracy)
+        name: assemble_and_check(graph, placement, reference, backend_set, target, threads, config.accuracy)
         for name, placement in placements.items()
     }  # fmt: skip
     for engine, name in alone.items():
@@ -253,14 +252,14 @@ def optimize_with(
             record.left_out[str(name)] = f"{name} {why}"
     if substituted is not None:
         finalists[SUBSTITUTED] = _substituted_finalist(
-            substituted, measurer, usable, expected, arrays, backend_set, config
+            substituted, measurer, usable, reference, backend_set, config
         )
     if model.onnx_model is not None:
         stage("running the ONNX file on each engine")
-        finalists.update(policy.engines_on_file(original, graph, usable, model.onnx_model, expected, arrays, config, offered,
+        finalists.update(policy.engines_on_file(original, graph, usable, model.onnx_model, reference, config, offered,
                                           record.left_out))  # fmt: skip
     if model.program is not None:
-        finalists.update(policy.engines_on_program(original, graph, usable, model.program, expected, arrays, config,
+        finalists.update(policy.engines_on_program(original, graph, usable, model.program, reference, config,
                                                    offered, record.left_out))  # fmt: skip
     errors = {}
     if config.accuracy is not None:
@@ -271,7 +270,7 @@ def optimize_with(
     if config.graph_level:
         t = time.perf_counter()
         if engines:
-            end_to_end = EndToEnd(graph, BackendSet(usable), target, arrays, expected, log,
+            end_to_end = EndToEnd(graph, BackendSet(usable), target, reference, log,
                                   f"{tvm_ffi.structural_hash(prepared):x} {target}", threads)
             engine = policy.best_engine(engines, alone, finalists, race)
             start = KERNELS_ONLY if KERNELS_ONLY in finalists else OP_LEVEL
@@ -324,7 +323,7 @@ def _confirmed(chosen: FinalistName, note: str | None, finalists: dict, race, st
         return chosen, note
     file = model.onnx_model if any(n.kind is FinalistKind.ENGINE_ON_FILE for n in (chosen, second)) else None
     request = functools.partial(confirm.request_for, finalists=finalists, module=model.prepared, steps=steps,
-                                onnx_model=file, arrays=model.arrays, expected=model.expected, target=config.target,
+                                onnx_model=file, reference=model.reference, target=config.target,
                                 accuracy=config.accuracy)  # fmt: skip
     confirmation = confirm.confirm(finalists, chosen, second, request, config.threads, config.seed)
     record.confirmation = confirmation.line()
@@ -387,12 +386,12 @@ def load_placement(
             raise PlacementFileError(f"{path}: the placement runs the model's ONNX file on {partitions[0].backend}; give that file")
         try:
             kept = checked_on_file(model.original, graph, model.backends[partitions[0].backend], onnx_proto(onnx_model),
-                                   (model.arrays, model.expected), config.target, config.threads,
+                                   model.reference, config.target, config.threads,
                                    partitions[0].candidate.precision, config.accuracy)  # fmt: skip
         except EngineAloneFailed as err:
             raise PlacementFileError(f"{path}: {err}") from None
     else:
-        kept = assemble_and_check(graph, Placement(graph, partitions), model.expected, model.arrays, model.backends,
+        kept = assemble_and_check(graph, Placement(graph, partitions), model.reference, model.backends,
                                   config.target, config.threads, config.accuracy)  # fmt: skip
         kept.estimated_ms = sum(p.cost_ms for p in kept.partitions if not math.isnan(p.cost_ms))
     # Timed as optimize times its finalists, so the two commands print comparable numbers.
@@ -403,7 +402,7 @@ def load_placement(
 def _unplaced(model: Model, config: Config, record: RunRecord, started: float) -> OptimizedModule:
     """A model with nothing to place, checked and timed as a finalist, as TVM alone runs it
     (on the fleet's device, when the model is optimized for another)."""
-    kept = as_tvm_runs_it(model.original, model.prepared, model.arrays, model.expected, config.target)
+    kept = as_tvm_runs_it(model.original, model.prepared, model.reference, config.target)
     finalists = {UNPLACED: kept}
     measured = _race(finalists, module=kept.assembly.module, model=model, config=config, meter=None, record=record)
     return _optimized_module(model, config, finalists[UNPLACED], measured.costs[UNPLACED], record, started)
@@ -424,7 +423,7 @@ def _race(finalists: dict[FinalistName, Finalist], steps: dict | None = None, mo
     on_file = any(name.kind is FinalistKind.ENGINE_ON_FILE for name in finalists)
     data = elsewhere.request({str(name): f for name, f in finalists.items()}, module or model.prepared,
                              {str(name): s for name, s in (steps or {}).items()},
-                             model.onnx_model if on_file else None, model.arrays, model.expected, config.target,
+                             model.onnx_model if on_file else None, model.reference, config.target,
                              config.accuracy, metered=meter is not None)  # fmt: skip
     try:
         answer = elsewhere.answer_of(config.runner.call(elsewhere.FUNCTION, data, elsewhere.RACE_TIMEOUT_S + GRACE_S))
@@ -439,7 +438,7 @@ def _race(finalists: dict[FinalistName, Finalist], steps: dict | None = None, mo
                             + "; ".join(f"{label}: {why}" for label, why in answer.left_out.items()))  # fmt: skip
     for label, entries in answer.ran.items():
         name = labels[label]
-        finalists[name] = elsewhere.as_ran_there(finalists[name], entries, answer.server.name, (model.arrays, model.expected),
+        finalists[name] = elsewhere.as_ran_there(finalists[name], entries, answer.server.name, model.reference,
                                                  model.backends, config.target, config.threads, config.accuracy)  # fmt: skip
     return answer.keyed(labels)
 
@@ -511,14 +510,14 @@ def _search_substitutions(prepared, measurer, usable, config: Config, record: Ru
     return result if result.applied else None
 
 
-def _substituted_finalist(result: SearchResult, measurer, usable, expected, arrays, backend_set, config: Config) -> Finalist:
+def _substituted_finalist(result: SearchResult, measurer, usable, reference, backend_set, config: Config) -> Finalist:
     """The best substituted graph placed with every candidate (engine regions included, which
     the search's estimate leaves out), assembled and checked against the unoptimized module."""
     graph = dataflow_graph(result.best)
     candidates = generate(graph, usable)
     measurer.measure_all(candidates, progress=False)
     placement = place(graph, candidates, measurer, measurer.transition_ms)
-    return assemble_and_check(graph, placement, expected, arrays, backend_set, config.target, config.threads)
+    return assemble_and_check(graph, placement, reference, backend_set, config.target, config.threads)
 
 
 def _why_unplaced(err: PlacementError, graph, candidates, costs) -> str:

@@ -23,7 +23,7 @@ from .errors import OptimizeError
 from .measuring.cost_log import CostLog
 from .measuring.build import REFERENCE_TARGET, reference_vm, values_target
 from .errors import first_line
-from .measuring.arrays import numpy_outputs, random_inputs, static_shape, to_tensors
+from .measuring.arrays import Reference, numpy_outputs, random_inputs, static_shape, to_tensors
 from .model.graph import DataflowGraph
 from .model.simplify import SimplifyReport, simplify
 
@@ -53,19 +53,24 @@ class Model:
         error first, which names the operator."""
         return reference_outputs(self.original, self.arrays, self.log, _seeded(self.config.seed))
 
+    @property
+    def reference(self) -> Reference:
+        """The seeded inputs with ``expected``: what every module built here is checked against."""
+        return Reference(self.arrays, self.expected)
+
     @functools.cached_property
-    def budget_draws(self) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
-        """(inputs, the unoptimized outputs on them) on which the whole module is held to an
-        accuracy budget: the seeded inputs, then the user's calibration sets, or without them a
-        second, independent draw."""
+    def budget_draws(self) -> list[Reference]:
+        """The input sets, each with the unoptimized outputs on it, on which the whole module is
+        held to an accuracy budget: the seeded inputs, then the user's calibration sets, or
+        without them a second, independent draw."""
         seed = self.config.seed
         if self.calibration:
-            others = [(arrays, reference_outputs(self.original, arrays, self.log, _given(arrays)))
+            others = [Reference(arrays, reference_outputs(self.original, arrays, self.log, _given(arrays)))
                       for arrays in self.calibration]  # fmt: skip
         else:
             second = random_inputs(self.original["main"], seed + 1)
-            others = [(second, reference_outputs(self.original, second, self.log, _seeded(seed + 1)))]
-        return [(self.arrays, self.expected), *others]
+            others = [Reference(second, reference_outputs(self.original, second, self.log, _seeded(seed + 1)))]
+        return [self.reference, *others]
 
 
 def prepare_model(

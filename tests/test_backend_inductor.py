@@ -13,7 +13,7 @@ from collage.backends import tvm as tvm_backend
 from collage.candidates.backend import cuda_graph_blocker
 from collage.candidates.generate import PART_SUFFIX, REGION_SUFFIX, generate
 from collage.candidates.precision import BFLOAT16, FLOAT32, TF32
-from collage.measuring.arrays import empty_outputs, mismatch, random_inputs, relative_error, to_tensors
+from collage.measuring.arrays import Reference, empty_outputs, mismatch, random_inputs, relative_error, to_tensors
 from collage.measuring.build import run_reference, synchronized
 from collage.model.graph import DataflowGraph
 from experiments import models
@@ -79,11 +79,11 @@ def test_the_users_program_compiles_whole_in_place_of_main_on_the_cpu():
     imported = import_model(TwoLayers().eval(), example_inputs=torch.randn(4, 16))
     func = imported.mod["main"]
     arrays = random_inputs(func)
-    check = (arrays, run_reference(func, arrays))
+    check = Reference(arrays, run_reference(func, arrays))
     finalist = checked_on_program(imported.mod, DataflowGraph(func), BACKEND, imported.program, check, "llvm", 2)
     ((partition, name, _),) = finalist.assembly.kernels
     assert partition.pattern == f"inductor{PROGRAM_SUFFIX}" and finalist.assembly.sources[name].program is imported.program
-    wrong = (arrays, [expected + 1.0 for expected in check[1]])
+    wrong = Reference(arrays, [expected + 1.0 for expected in check.outputs])
     with pytest.raises(EngineAloneFailed, match="inductor on the PyTorch module disagrees with the unoptimized module"):
         checked_on_program(imported.mod, DataflowGraph(func), BACKEND, imported.program, wrong, "llvm", 2)
 

@@ -16,6 +16,7 @@ from collage.choosing import confirm
 from collage.choosing.finalists import Race
 from collage.placing.placement import Partition, Placement
 from collage.record import FinalistKind, FinalistName
+from collage.measuring.arrays import Reference
 from experiments import models
 
 pytestmark = pytest.mark.fresh_race
@@ -35,7 +36,7 @@ def mlp():
     def finalist(backend):
         pattern = f"{backend}.region" if backend != "tvm" else "tvm.fused"
         parts = (Partition(Candidate(SubGraph(graph, every), backend, pattern), Cost.of(1.0)),)
-        return assemble_and_check(graph, Placement(graph, parts), expected, arrays, default_backends(), "llvm", 2)
+        return assemble_and_check(graph, Placement(graph, parts), Reference(arrays, expected), default_backends(), "llvm", 2)
 
     finalists = {ORT: finalist("onnxruntime"), OV: finalist("openvino"), TVM: finalist("tvm")}
     return w, finalists, arrays, expected
@@ -43,7 +44,7 @@ def mlp():
 
 def requests(w, finalists, arrays, expected):
     return functools.partial(confirm.request_for, finalists=finalists, module=w.relax, steps={}, onnx_model=None,
-                             arrays=arrays, expected=expected, target="llvm", accuracy=None)
+                             reference=Reference(arrays, expected), target="llvm", accuracy=None)
 
 
 def test_a_kept_finalist_slower_in_fresh_processes_gives_way_to_the_runner_up(mlp):

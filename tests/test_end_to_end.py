@@ -9,7 +9,7 @@ from collage.measuring.cost_log import CostLog
 from collage.choosing.end_to_end import EndToEnd, placement_name
 from collage.model.graph import DataflowGraph
 from collage.placing.placement import Partition
-from collage.measuring.arrays import random_inputs
+from collage.measuring.arrays import Reference, random_inputs
 from collage.measuring.build import run_reference
 from collage.candidates.subgraph import SubGraph
 from collage.measuring.timing import Timing
@@ -25,7 +25,7 @@ def setup(tmp_path, backends=BACKENDS):
     arrays = random_inputs(graph.func, seed=0)
     expected = run_reference(graph.func, arrays)
     log = CostLog(tmp_path / "c.sqlite")
-    return EndToEnd(graph, BackendSet(backends), "llvm", arrays, expected, log, "unary", threads=1, timing=FAST)
+    return EndToEnd(graph, BackendSet(backends), "llvm", Reference(arrays, expected), log, "unary", threads=1, timing=FAST)
 
 
 def placement(graph, first_backend="numpy"):
@@ -41,7 +41,7 @@ def test_a_placement_is_measured_once_then_read_from_memory_and_the_log(tmp_path
     first = e2e.latency(parts)
     assert first.is_valid and first.median_ms > 0 and e2e.measured == 1
     assert e2e.latency(list(reversed(parts))) == first and e2e.measured == 1  # order does not matter
-    again = EndToEnd(e2e.graph, e2e.backends, "llvm", e2e.arrays, e2e.expected, e2e.log, "unary", 1, FAST)
+    again = EndToEnd(e2e.graph, e2e.backends, "llvm", e2e.reference, e2e.log, "unary", 1, FAST)
     assert again.latency(parts) == first and again.measured == 0
     assert e2e.log.get_latency(e2e.key(parts)) == first
 
@@ -64,4 +64,4 @@ def test_kernels_are_compiled_once_across_placements(tmp_path):
     assert e2e.latency(other).is_valid
     assert placement_name(other) != placement_name(parts)
     _, vm = e2e.build(parts)
-    assert np.allclose(vm["main"](*[np.asarray(a) for a in e2e.arrays]).numpy(), e2e.expected[0], rtol=1e-5)
+    assert np.allclose(vm["main"](*[np.asarray(a) for a in e2e.reference.inputs]).numpy(), e2e.reference.outputs[0], rtol=1e-5)

@@ -38,6 +38,7 @@ from collage.measuring.build import build_vm
 from collage.choosing import elsewhere
 from collage.assembling.checked import Finalist
 from collage.placing.placement import Partition, Placement, tvm_op
+from collage.measuring.arrays import Reference
 from experiments import models
 from experiments.fleet_bench import HOST, free_port, kill, start_server, start_tracker, wait_registered
 from tests.backends_for_tests import CANNOT_COMPILE, NUMPY
@@ -277,10 +278,10 @@ def test_a_race_travels_as_placements_and_comes_back_as_rounds():
     on_numpy = Placement(graph, (Partition(Candidate(SubGraph(graph, frozenset({0, 1})), "numpy", "numpy.chain"), Cost.of(0.01)),
                                  tvm_op(graph, 2, "tvm.op")))  # fmt: skip
     on_tvm = Placement(graph, tuple(tvm_op(graph, i, "tvm.op") for i in range(len(graph))))
-    finalists = {name: assemble_and_check(graph, p, expected, [x], here, "llvm", 1)
+    finalists = {name: assemble_and_check(graph, p, Reference([x], expected), here, "llvm", 1)
                  for name, p in (("numpy", on_numpy), ("tvm", on_tvm))}  # fmt: skip
     finalists["unplaced"] = Finalist([], Assembly(mod), build_vm(mod), math.nan)  # the module as TVM runs it
-    data = elsewhere.request(finalists, mod, {}, None, [x], expected, "llvm", None, metered=False)
+    data = elsewhere.request(finalists, mod, {}, None, Reference([x], expected), "llvm", None, metered=False)
 
     cannot = dataclasses.replace(CANNOT_COMPILE, name="numpy")  # this server's numpy cannot compile it
     answer = elsewhere.answer_of(elsewhere.run(data, 1, "10.0.0.2:9091", BackendSet([default_backends()["tvm"], cannot])))
@@ -289,7 +290,7 @@ def test_a_race_travels_as_placements_and_comes_back_as_rounds():
     race = answer.keyed({"numpy": "N", "tvm": "T", "unplaced": "U"}).race
     assert len(race.rounds) >= 7 and set(race.rounds[0]) == {"N", "T", "U"}
     # Rebuilt here as it ran there: what is kept is what was timed.
-    ran = elsewhere.as_ran_there(finalists["numpy"], answer.ran["numpy"], "CPU B", ([x], expected), here, "llvm", 1, None)
+    ran = elsewhere.as_ran_there(finalists["numpy"], answer.ran["numpy"], "CPU B", Reference([x], expected), here, "llvm", 1, None)
     assert {p.backend for p in ran.partitions} == {"tvm"} and ran.fallbacks[0][1] == "it fell back to tvm on CPU B"
     np.testing.assert_allclose(ran.vm["main"](tvm.runtime.tensor(x)).numpy(), expected[0], rtol=1e-5)
 

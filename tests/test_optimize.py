@@ -18,6 +18,7 @@ from collage.measuring.runner import InProcess
 from collage.measuring.isolation import WorkerProcess
 from collage.record import OP_LEVEL, SUBSTITUTED, FinalistKind, FinalistName
 from collage.measuring.timing import Timing
+from collage.measuring.arrays import Reference
 from experiments import models
 from tests.backends_for_tests import (ABORTS, CANNOT_COMPILE, HANGS, NUMPY, WRONG, CompilesOnlyOnce, RightOnlyWhenMeasured,
                                      compile_elementwise, variant)
@@ -174,7 +175,7 @@ def test_every_partition_failing_to_compile_falls_back_however_many_there_are():
     assert len(parts) > MAX_CHECK_ROUNDS
     x, w = inputs()
     expected = [run_unoptimized(Unary, x, w)]
-    built = assemble_and_check(graph, Placement(graph, tuple(parts)), expected, [x, w], backends(CANNOT_COMPILE), "llvm")
+    built = assemble_and_check(graph, Placement(graph, tuple(parts)), Reference([x, w], expected), backends(CANNOT_COMPILE), "llvm")
     assert len(built.fallbacks) == len(parts) and {p.backend for p in built.partitions} == {"tvm"}
     np.testing.assert_allclose(built.vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy(), expected[0], rtol=1e-5)
 

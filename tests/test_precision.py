@@ -16,7 +16,7 @@ from collage.candidates.subgraph import SubGraph
 from collage.config import Config
 from collage.deploying.saved import placement_record
 from collage.measuring.cost import Cost
-from collage.measuring.arrays import numpy_outputs, to_tensors
+from collage.measuring.arrays import Reference, numpy_outputs, to_tensors
 from collage.model.graph import DataflowGraph
 from collage.placing.placement import Partition, Placement, tvm_op
 from collage.candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable
@@ -151,10 +151,10 @@ def test_a_mixed_placement_over_the_budget_is_repaired_earliest_partition_first(
     tvm = [tvm_op(graph, k, "tvm.fused") for k in (1, 2, 3)]
     mixed = [fine[0], *tvm, fine[1]]
     x, w = inputs()
-    draws = [([x, w], [run_unoptimized(Unary, x, w)])]
+    draws = [Reference([x, w], [run_unoptimized(Unary, x, w)])]
     config = Config(threads=2, accuracy=1e-2)
-    over = assemble_and_check(graph, Placement(graph, tuple(mixed)), draws[0][1], draws[0][0], backends, "llvm", 2, 1.0)
-    assert relative_error(numpy_outputs(over.vm["main"](*to_tensors([x, w]))), draws[0][1]) > 1e-2  # the first exp's error, compounded
+    over = assemble_and_check(graph, Placement(graph, tuple(mixed)), draws[0], backends, "llvm", 2, 1.0)
+    assert relative_error(numpy_outputs(over.vm["main"](*to_tensors([x, w]))), draws[0].outputs) > 1e-2  # the first exp's error, compounded
     finalist, error, back = repaired(over, draws, graph, _Flat(), backends, config)
     assert back == 1 and error <= 1e-2
     assert [p.candidate.precision for p in finalist.partitions] == [FLOAT32] * 4 + [BFLOAT16]

@@ -16,7 +16,7 @@ from ..candidates.backend import BackendSet
 from ..candidates.precision import FLOAT32, reduced
 from ..errors import OptimizeError
 from ..measuring.build import build_vm, device_for, kernel_backends, run_kernel
-from ..measuring.arrays import mismatch, numpy_outputs, to_tensors
+from ..measuring.arrays import Reference, mismatch, numpy_outputs, to_tensors
 from ..placing.placement import Partition, Placement, tvm_op
 from .assemble import Assembly, PartitionFailed, assemble
 
@@ -52,20 +52,21 @@ def wrong_result(vm: relax.VirtualMachine, inputs, expected: list[np.ndarray], r
     return mismatch(numpy_outputs(vm["main"](*inputs)), expected, rtol=rtol or END_TO_END_RTOL)
 
 
-def as_tvm_runs_it(original, prepared, arrays, expected, target) -> Finalist:
+def as_tvm_runs_it(original, prepared, reference: Reference, target) -> Finalist:
     """A model with nothing to place (``prepare.Unplaceable``) as TVM alone runs it, as a
-    finalist with no partition: the simplified module when it computes ``expected`` on
-    ``arrays`` as the unoptimized one does, else the unoptimized one."""
+    finalist with no partition: the simplified module when it computes ``reference``'s outputs
+    on its inputs as the unoptimized one does, else the unoptimized one."""
     module, vm = prepared, build_vm(prepared, target)
-    if prepared is not original and wrong_result(vm, to_tensors(arrays, device_for(target)), expected) is not None:
+    inputs = to_tensors(reference.inputs, device_for(target))
+    if prepared is not original and wrong_result(vm, inputs, reference.outputs) is not None:
         module, vm = original, build_vm(original, target)
     return Finalist([], Assembly(module), vm, math.nan)
 
 
-def assemble_and_check(graph, placement: Placement, expected, arrays, backends, target, threads: int = 0,
+def assemble_and_check(graph, placement: Placement, reference: Reference, backends, target, threads: int = 0,
                        budget: float | None = None) -> Finalist:
-    """Assemble, compile and compare with the unoptimized module's ``expected`` outputs on
-    ``arrays``, each library on ``threads`` threads, within float32's end-to-end tolerance,
+    """Assemble, compile and compare with the unoptimized module's outputs on the inputs of
+    ``reference``, each library on ``threads`` threads, within float32's end-to-end tolerance,
     or within the accuracy ``budget`` where partitions compute in a reduced precision (which
     then also bounds each such kernel's own error). Partitions that fail to compile, or whose
     kernels disagree with TVM inside the model, fall back to TVM, and the check repeats.
@@ -85,13 +86,13 @@ def assemble_and_check(graph, placement: Placement, expected, arrays, backends, 
             partitions = _fall_back(graph, partitions, [failed.partition])
             continue
         vm = build_vm(assembly.module, target, kernel_backends(assembly, backends))
-        problem = wrong_result(vm, to_tensors(arrays, device), expected, rtol)
+        problem = wrong_result(vm, to_tensors(reference.inputs, device), reference.outputs, rtol)
         if problem is None:
             return Finalist(partitions, assembly, vm, placement.estimated_ms, fallbacks)
         checks += 1
         if checks == MAX_CHECK_ROUNDS:
             raise OptimizeError(f"the assembled module still disagrees with the unoptimized one: {problem}")
-        culprits = _culprits(graph, assembly, arrays, target, rtol) or [p for p, _, _ in assembly.kernels]
+        culprits = _culprits(graph, assembly, reference.inputs, target, rtol) or [p for p, _, _ in assembly.kernels]
         fallbacks += [(p, f"wrong inside the assembled model ({problem})") for p in culprits]
         partitions = _fall_back(graph, partitions, culprits)
 

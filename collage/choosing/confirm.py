@@ -166,8 +166,8 @@ def _block() -> float:
     return median
 
 
-def request_for(name, finalists: dict[object, Finalist], module, steps: dict, onnx_model, arrays, expected,
+def request_for(name, finalists: dict[object, Finalist], module, steps: dict, onnx_model, reference,
                 target: str, accuracy) -> bytes:  # fmt: skip
     """Finalist ``name`` alone as a race request (``elsewhere.request``)."""
     return elsewhere.request({str(name): finalists[name]}, module, {str(name): steps.get(name) or []},
-                             onnx_model, arrays, expected, target, accuracy, metered=False)
+                             onnx_model, reference, target, accuracy, metered=False)

@@ -32,6 +32,7 @@ from ..candidates.backend import BackendSet, default_backends
 from ..errors import OptimizeError, PlacementFileError
 from ..measuring.cost import Cost
 from ..measuring.runner import weights_in, weights_out
+from ..measuring.arrays import Reference
 from ..measuring.build import build_vm
 from ..errors import first_line
 from ..measuring.wire import ServerDevice, pack, unpack
@@ -69,7 +70,7 @@ class RaceAnswer:
 
 
 def request(finalists: dict[str, Finalist], module: tvm.IRModule, substitutions: dict[str, list],
-            onnx_model: onnx.ModelProto | None, arrays: list[np.ndarray], expected: list[np.ndarray], target: str,
+            onnx_model: onnx.ModelProto | None, reference: Reference, target: str,
             accuracy: float | None, metered: bool) -> bytes:  # fmt: skip
     """The race of ``finalists`` (label -> finalist) as bytes: each as its placement over
     ``module`` (the prepared model) with its graph's ``substitutions`` (label -> steps), a
@@ -77,11 +78,12 @@ def request(finalists: dict[str, Finalist], module: tvm.IRModule, substitutions:
     energy too."""
     lifted, weights = _lifted(module)
     arrays_out = {f"weight{k}": w for k, w in enumerate(weights)}
-    arrays_out |= {f"input{k}": a for k, a in enumerate(arrays)} | {f"expected{k}": e for k, e in enumerate(expected)}
+    arrays_out |= {f"input{k}": a for k, a in enumerate(reference.inputs)}
+    arrays_out |= {f"expected{k}": e for k, e in enumerate(reference.outputs)}
     placements = {label: RecordedPlacement.of(finalist.partitions, substitutions.get(label) or ()).to_json()
                   for label, finalist in finalists.items()}  # fmt: skip
-    header = {"module": tvm.ir.save_json(lifted), "weights": len(weights), "inputs": len(arrays),
-              "expected": len(expected), "onnx": onnx_model is not None, "target": target, "accuracy": accuracy,
+    header = {"module": tvm.ir.save_json(lifted), "weights": len(weights), "inputs": len(reference.inputs),
+              "expected": len(reference.outputs), "onnx": onnx_model is not None, "target": target, "accuracy": accuracy,
               "metered": metered, "finalists": placements}  # fmt: skip
     if onnx_model is not None:
         arrays_out["onnx"] = np.frombuffer(onnx_model.SerializeToString(), dtype=np.uint8)
@@ -124,18 +126,17 @@ def answer_of(data: bytes) -> RaceAnswer:
     return RaceAnswer(timed, header["left_out"], header["ran"], server, header["seconds"])
 
 
-def as_ran_there(finalist: Finalist, entries: list[dict], device: str, check: tuple[list, list], backends: BackendSet,
+def as_ran_there(finalist: Finalist, entries: list[dict], device: str, check: Reference, backends: BackendSet,
                  target: str, threads: int, accuracy: float | None) -> Finalist:  # fmt: skip
     """``finalist`` rebuilt here with the partitions it ran on ``device`` (``RaceAnswer.ran``:
     some fell back to TVM there, where a library could not compile them or computed
-    otherwise), checked on ``check`` (inputs, the unoptimized outputs), so that the module
+    otherwise), checked on ``check``, so that the module
     kept is the one that was timed."""
     graph = finalist.partitions[0].candidate.subgraph.graph
     sent = {RecordedPartition.of(p).identity: p for p in finalist.partitions}
     ran = map(RecordedPartition.from_json, entries)
     partitions = tuple(sent.get(entry.identity) or Partition(entry.candidate(graph), Cost.unknown()) for entry in ran)
-    arrays, expected = check
-    rebuilt = assemble_and_check(graph, Placement(graph, partitions), expected, arrays, backends, target, threads, accuracy)
+    rebuilt = assemble_and_check(graph, Placement(graph, partitions), check, backends, target, threads, accuracy)
     back = [p for p in finalist.partitions if p not in partitions]
     rebuilt.fallbacks = [*rebuilt.fallbacks, *((p, f"it fell back to tvm on {device}") for p in back)]
     rebuilt.estimated_ms = finalist.estimated_ms
@@ -180,8 +181,8 @@ def built_here(header: dict, arrays: dict, backends: BackendSet, threads: int) -
     """Each finalist of an unpacked ``request``, assembled and checked here as
     ``collage.load_placement`` would."""
     module = _unlifted(tvm.ir.load_json(header["module"]), [arrays[f"weight{k}"] for k in range(header["weights"])])
-    inputs = [arrays[f"input{k}"] for k in range(header["inputs"])]
-    expected = [arrays[f"expected{k}"] for k in range(header["expected"])]
+    reference = Reference([arrays[f"input{k}"] for k in range(header["inputs"])],
+                          [arrays[f"expected{k}"] for k in range(header["expected"])])
     onnx_model = onnx.load_from_string(arrays["onnx"].tobytes()) if header["onnx"] else None
     target, accuracy = header["target"], header["accuracy"]
     built, left_out, ran = {}, {}, {}
@@ -198,10 +199,10 @@ def built_here(header: dict, arrays: dict, backends: BackendSet, threads: int) -
                 if onnx_model is None:
                     raise OptimizeError("it runs the model's ONNX file, which was not sent")
                 built[label] = checked_on_file(module, graph, backends[partitions[0].backend], onnx_model,
-                                               (inputs, expected), target, threads, partitions[0].candidate.precision,
+                                               reference, target, threads, partitions[0].candidate.precision,
                                                accuracy)  # fmt: skip
             else:
-                built[label] = assemble_and_check(graph, Placement(graph, tuple(partitions)), expected, inputs, backends,
+                built[label] = assemble_and_check(graph, Placement(graph, tuple(partitions)), reference, backends,
                                                   target, threads, accuracy)  # fmt: skip
         except (OptimizeError, PlacementFileError, EngineAloneFailed, KeyError) as err:
             left_out[label] = first_line(err)
@@ -209,7 +210,7 @@ def built_here(header: dict, arrays: dict, backends: BackendSet, threads: int) -
         there = [RecordedPartition.of(p) for p in built[label].partitions]
         if [p.identity for p in there] != [p.identity for p in placement.partitions]:
             ran[label] = [p.to_json() for p in there]
-    return Built(built, left_out, ran, inputs)
+    return Built(built, left_out, ran, reference.inputs)
 
 
 def _lifted(module: tvm.IRModule) -> tuple[tvm.IRModule, list[np.ndarray]]:

@@ -15,7 +15,6 @@ import gc
 from collections import OrderedDict
 from collections.abc import Sequence
 
-import numpy as np
 from tvm import relax
 
 from ..assembling.assemble import Assembly, PartitionFailed, assemble
@@ -26,7 +25,7 @@ from ..measuring.cost import Cost, Device
 from ..measuring.cost_log import CostLog, PlacementKey
 from ..measuring.build import build_vm, device_for, kernel_backends, synchronized
 from ..errors import first_line
-from ..measuring.arrays import to_tensors
+from ..measuring.arrays import Reference, to_tensors
 from ..measuring.timing import Timing, time_call
 from ..model.graph import DataflowGraph
 from ..placing.placement import Partition
@@ -45,7 +44,7 @@ def placement_name(partitions: Sequence[Partition]) -> str:
 
 
 class EndToEnd:
-    """Measures placements of ``graph`` on ``arrays``, checked against ``expected``.
+    """Measures placements of ``graph`` on the inputs of ``reference``, checked against its outputs.
 
     ``model`` names the model and target in the log (the caller's structural hash).
     ``measured`` counts the placements measured here, not read from the log.
@@ -56,15 +55,14 @@ class EndToEnd:
         graph: DataflowGraph,
         backends: BackendSet,
         target: str,
-        arrays: list[np.ndarray],
-        expected: list[np.ndarray],
+        reference: Reference,
         log: CostLog,
         model: str,
         threads: int,
         timing: Timing | None = None,
     ):
         self.graph, self.backends, self.target = graph, backends, target
-        self.arrays, self.expected = arrays, expected
+        self.reference = reference
         self.log, self.model = log, model
         self.device = Device.this_machine(threads, target)
         self.timing = timing or SEARCH_TIMING
@@ -106,8 +104,8 @@ class EndToEnd:
         """Build, check and time one placement; never raises."""
         try:
             _, vm = self.build(partitions)
-            inputs = to_tensors(self.arrays, device_for(self.target))
-            problem = wrong_result(vm, inputs, self.expected)
+            inputs = to_tensors(self.reference.inputs, device_for(self.target))
+            problem = wrong_result(vm, inputs, self.reference.outputs)
         except PartitionFailed as failed:
             return Cost.invalid(f"{failed.partition.backend} could not compile {failed.partition.pattern}: {failed.reason}")
         except Exception as err:  # a library raising at build or run time disqualifies the placement

@@ -31,7 +31,7 @@ from ..candidates.subgraph import SubGraph
 from ..measuring.cost import Cost
 from ..measuring.build import build_vm, device_for
 from ..errors import first_line
-from ..measuring.arrays import static_shape, to_tensors
+from ..measuring.arrays import Reference, static_shape, to_tensors
 from ..model.graph import DataflowGraph
 from ..assembling.checked import Finalist, wrong_result
 from ..placing.placement import Partition
@@ -121,30 +121,29 @@ def _in_place_of_main(original: tvm.IRModule, graph: DataflowGraph, kernel, sour
 
 
 def checked_on_file(original: tvm.IRModule, graph: DataflowGraph, backend: Backend, model: onnx.ModelProto,
-                    check: tuple[list, list], target: str, threads: int, precision: str = FLOAT32,
+                    check: Reference, target: str, threads: int, precision: str = FLOAT32,
                     budget: float | None = None) -> Finalist:
-    """``from_onnx_file``'s module, built and checked on ``check`` (inputs, the unoptimized
-    module's outputs on them; within the accuracy ``budget`` for a reduced ``precision``), as a finalist. Raises ``EngineAloneFailed`` saying why not: the
+    """``from_onnx_file``'s module, built and checked on ``check`` (within the accuracy
+    ``budget`` for a reduced ``precision``), as a finalist. Raises ``EngineAloneFailed`` saying why not: the
     engine refuses the file, fails running it, or computes otherwise."""
     return _checked(lambda: from_onnx_file(original, graph, backend, model, target, threads, precision), "the ONNX file",
                     backend, check, target, precision, budget)  # fmt: skip
 
 
 def checked_on_program(original: tvm.IRModule, graph: DataflowGraph, backend: Backend, program,
-                       check: tuple[list, list], target: str, threads: int, precision: str = FLOAT32,
+                       check: Reference, target: str, threads: int, precision: str = FLOAT32,
                        budget: float | None = None) -> Finalist:  # fmt: skip
     """``from_program``'s module, built and checked as ``checked_on_file`` checks the file's."""
     return _checked(lambda: from_program(original, graph, backend, program, target, threads, precision),
                     "the PyTorch module", backend, check, target, precision, budget)  # fmt: skip
 
 
-def _checked(assembled, what: str, backend: Backend, check: tuple[list, list], target: str, precision: str,
+def _checked(assembled, what: str, backend: Backend, check: Reference, target: str, precision: str,
              budget: float | None) -> Finalist:  # fmt: skip
     try:
         assembly, partition = assembled()
         vm = build_vm(assembly.module, target, {name: backend for _, name, _ in assembly.kernels})
-        arrays, expected = check
-        problem = wrong_result(vm, to_tensors(arrays, device_for(target)), expected,
+        problem = wrong_result(vm, to_tensors(check.inputs, device_for(target)), check.outputs,
                                None if precision == FLOAT32 else budget)
     except EngineAloneFailed:
         raise

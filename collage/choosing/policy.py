@@ -24,7 +24,7 @@ from ..config import Config
 from ..errors import OptimizeError
 from ..measuring.cost import cpu_info
 from ..measuring.build import device_for
-from ..measuring.arrays import numpy_outputs, relative_error, to_tensors
+from ..measuring.arrays import Reference, numpy_outputs, relative_error, to_tensors
 from ..prepare import Model
 from .engine_alone import EngineAloneFailed, checked_on_file, checked_on_program
 from ..placing.placement import Partition, Placement, place
@@ -139,8 +139,8 @@ def within_budget(finalists: dict, model: Model, config: Config, record: RunReco
 
 def module_error(finalist: Finalist, draws, target: str) -> float:
     device = device_for(target)
-    return max(relative_error(numpy_outputs(finalist.vm["main"](*to_tensors(arrays, device))), expected)
-               for arrays, expected in draws)  # fmt: skip
+    return max(relative_error(numpy_outputs(finalist.vm["main"](*to_tensors(draw.inputs, device))), draw.outputs)
+               for draw in draws)  # fmt: skip
 
 def repaired(finalist: Finalist, draws, graph, costs, backends, config: Config):
     """A mixed-precision placement over the budget brought within it: its reduced partitions
@@ -153,7 +153,7 @@ def repaired(finalist: Finalist, draws, graph, costs, backends, config: Config):
         if not reduced(partitions):
             return None
         try:
-            candidate = assemble_and_check(graph, Placement(graph, tuple(partitions)), draws[0][1], draws[0][0], backends,
+            candidate = assemble_and_check(graph, Placement(graph, tuple(partitions)), draws[0], backends,
                                            config.target, config.threads, config.accuracy)  # fmt: skip
         except OptimizeError:  # still wrong after the check's fallbacks: go on
             continue
@@ -162,25 +162,25 @@ def repaired(finalist: Finalist, draws, graph, costs, backends, config: Config):
             return candidate, error, k + 1
     return None
 
-def engines_on_file(original, graph, usable, model, expected, arrays, config: Config, offered: dict,
+def engines_on_file(original, graph, usable, model, reference: Reference, config: Config, offered: dict,
                      notes: dict) -> dict[FinalistName, Finalist]:
     """Each inference engine that reads ONNX running the user's file whole, checked against
     the unoptimized module, in float32 and in each reduced precision it ``offered`` (OpenVINO
     in bfloat16: its own default on CPUs that compute it natively, as its users run it); one
     that cannot, or computes otherwise, is left out with why (in ``notes``)."""
     engines = [b for b in usable if b.kind == GRAPH_LEVEL and b.compile_onnx is not None]
-    check = functools.partial(checked_on_file, original, graph, model=model, check=(arrays, expected))
+    check = functools.partial(checked_on_file, original, graph, model=model, check=reference)
     return _engines_on(engines, check, FinalistKind.ENGINE_ON_FILE, "file", config, offered, notes)
 
 
-def engines_on_program(original, graph, usable, program, expected, arrays, config: Config, offered: dict,
+def engines_on_program(original, graph, usable, program, reference: Reference, config: Config, offered: dict,
                        notes: dict) -> dict[FinalistName, Finalist]:
     """Each engine that compiles PyTorch programs (inductor) compiling the user's own
     ``program`` whole, as ``torch.compile`` of their module would, checked and left out as
     ``engines_on_file`` does: on a model handed over as a PyTorch module, collage is never
     slower than that call either."""
     engines = [b for b in usable if b.compile_program is not None]
-    check = functools.partial(checked_on_program, original, graph, program=program, check=(arrays, expected))
+    check = functools.partial(checked_on_program, original, graph, program=program, check=reference)
     return _engines_on(engines, check, FinalistKind.ENGINE_ON_PROGRAM, "module", config, offered, notes)
 
 

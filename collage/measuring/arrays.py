@@ -4,6 +4,8 @@ TVM's result" (``mismatch``; ``relative_error`` for a reduced precision's own er
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -11,6 +13,14 @@ from tvm import relax
 # float32 results of different kernels for the same sub-graph agree to ~1e-5 relative;
 # the tolerance leaves room for reassociated sums in large reductions (GEMM, conv).
 RTOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
+
+
+class Reference(NamedTuple):
+    """Inputs with the unoptimized model's outputs on them: what every module built from the
+    model is checked against, traveling as one value."""
+
+    inputs: list[np.ndarray]
+    outputs: list[np.ndarray]
 
 
 def param_types(func: relax.Function) -> list[relax.TensorType]:
