@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
+from pathlib import Path
 
 import numpy as np
 import tvm_ffi
@@ -89,3 +91,12 @@ def assert_close(out, ref, what):
     err = float(np.abs(out - ref).max())
     assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
     assert err <= REL_TOL * scale, f"{what}: max |diff| {err:.3g} exceeds {REL_TOL} x {scale:.3g}"
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def subprocess_env(**extra) -> dict:
+    """The environment of a command-line test's subprocess: this checkout on its path, and the
+    suite's quick settings applied at its start (``tests/subprocesses/sitecustomize.py``)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "subprocesses")]), **extra}

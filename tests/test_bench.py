@@ -10,7 +10,7 @@ import pytest
 from experiments import bench, peers
 
 # A warm-up of exactly two calls, so that a test peer knows which of its calls opens the rounds.
-QUICK = bench.Settings(threads=2, budget_s=2.0, min_reps=3, max_reps=10, warmup_s=0.0)
+QUICK = bench.Settings(threads=2, budget_s=1.0, min_reps=3, max_reps=10, warmup_s=0.0)
 
 
 def run_mlp(tmp_path, peer_fns):

@@ -7,7 +7,6 @@ and of ``collage log``; every process uses a cost log of this module's own.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -18,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers import subprocess_env
 from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = "tvm,onnxruntime"  # two quick ones: an op-level library and an inference engine
 
 
@@ -56,7 +55,7 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def env(workdir) -> dict:
-    return {**os.environ, "COLLAGE_COST_LOG": str(workdir / "costs.sqlite"), "PYTHONPATH": str(ROOT)}
+    return subprocess_env(COLLAGE_COST_LOG=str(workdir / "costs.sqlite"))
 
 
 @pytest.fixture(scope="module")

@@ -314,7 +314,7 @@ def test_graph_level_search_returns_a_correct_module_no_slower_than_op_level(tmp
 
     monkeypatch.setattr(end_to_end, "SEARCH_TIMING", dataclasses.replace(end_to_end.SEARCH_TIMING, warmup_s=0.05, min_samples=3,
                                                                           max_samples=7, min_sample_ms=1.0, budget_s=0.3))
-    w = models.load("squeezenet", small=True)
+    w = models.load("kws_dscnn", small=True)
     log = tmp_path / "c.sqlite"
 
     def run():

@@ -12,7 +12,6 @@ suite short; ``experiments/bench.py`` runs every backend on the full configs.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,9 +22,8 @@ import collage
 from collage.model.frontend import load_onnx
 from collage.measuring.timing import Timing
 from experiments import models
-from tests.helpers import assert_close
+from tests.helpers import assert_close, subprocess_env
 
-ROOT = Path(__file__).resolve().parents[1]
 # Each path of each model takes a minute or more (about 400 distinct candidates, mostly TVM
 # compiling each), so the suite runs one path per model: GPT-2 (its causal mask holds -inf)
 # from its ONNX file on the command line, the MBConv net (squeeze-excitation, SiLU,
@@ -58,7 +56,7 @@ def test_onnx_file_path_optimizes_and_runs_from_the_command_line(name, log, tmp_
 
     w = models.load(name, small=True)
     onnx.save(w.onnx, tmp_path / "model.onnx")
-    env = {**os.environ, "COLLAGE_COST_LOG": str(log), "PYTHONPATH": str(ROOT)}
+    env = subprocess_env(COLLAGE_COST_LOG=str(log))
     for args in (["optimize", "model.onnx", "--quiet"], ["run", "model.onnx"]):
         done = subprocess.run(
             [sys.executable, "-m", "collage", *args, "--backends", ",".join(BACKENDS), "--threads", "2"],

@@ -1,0 +1,30 @@
+"""The suite's quick settings, one place for both the tests' own process (``conftest.py``,
+each where its mechanism is not under test) and the command-line tests' subprocesses
+(``subprocesses/sitecustomize.py``). Every verdict and check runs as in a user's process;
+only the timing is shorter."""
+
+from collage.measuring.timing import Protocol
+
+# Racing the kept finalist again in fresh processes (``choosing.confirm``) costs an
+# optimization 7-10 s here: CLOSE = None leaves it out.
+FRESH_RACE_CLOSE = None
+# Timing ``opt(x)`` through both of its paths (``caller.time_call_paths``): 2 s an optimization.
+CALL_PATHS = Protocol(rounds=3, block_ms=5.0, settle_s=0.0, warmup_s=0.01)
+# The finalists' race (``finalists.time_finalists``): blocks of 60 ms after 0.1 s of idle,
+# 7 rounds or up to 21, were 5-13 s of each optimization here, most of the suite's time.
+FINALIST_PROTOCOL = Protocol(rounds=7, block_ms=15.0, settle_s=0.02, warmup_s=0.05)
+
+# (module, attribute, value): what ``apply`` sets.
+SETTINGS = (
+    ("collage.choosing.confirm", "CLOSE", FRESH_RACE_CLOSE),
+    ("collage.assembling.caller", "CALL_PATHS", CALL_PATHS),
+    ("collage.choosing.finalists", "FINALIST_PROTOCOL", FINALIST_PROTOCOL),
+)
+
+
+def apply() -> None:
+    """Every quick setting, in this process (a subprocess of the suite's)."""
+    import importlib
+
+    for module, name, value in SETTINGS:
+        setattr(importlib.import_module(module), name, value)
