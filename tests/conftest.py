@@ -2,6 +2,8 @@
 race, of the fresh-process race and of the call paths is the suite's quick one
 (``tests/quick_settings.py``) wherever that mechanism is not itself under test."""
 
+import importlib
+
 import pytest
 
 from tests import quick_settings
@@ -17,22 +19,32 @@ def private_cost_log(tmp_path_factory):
     mp.undo()
 
 
-@pytest.fixture(autouse=True)
-def no_race_in_fresh_processes(request, monkeypatch):
-    """The fresh-process race runs only in tests marked ``fresh_race``."""
-    if "fresh_race" not in request.keywords:
-        monkeypatch.setattr("collage.choosing.confirm.CLOSE", quick_settings.FRESH_RACE_CLOSE)
+@pytest.fixture(autouse=True, scope="session")
+def quick_timing():
+    """The suite's quick settings for the whole session: module-scoped fixtures that optimize
+    a model are made before any function-scoped fixture runs. Yields the real settings."""
+    mp = pytest.MonkeyPatch()
+    real = {}
+    for module, name, value in quick_settings.SETTINGS:
+        real[module, name] = getattr(importlib.import_module(module), name)
+        mp.setattr(f"{module}.{name}", value)
+    yield real
+    mp.undo()
+
+
+# Where each mechanism is under test, and so keeps its real setting: the fresh-process race in
+# tests marked ``fresh_race``; the two call paths in ``tests/test_caller.py``, which tests that
+# choice; the finalists' race in ``tests/test_confirm.py``, which races again whichever finalist
+# ran close (the tests of the race's own rules time with protocols of their own).
+UNDER_TEST = {
+    "CLOSE": lambda request: "fresh_race" in request.keywords,
+    "CALL_PATHS": lambda request: request.module.__name__.endswith("test_caller"),
+    "FINALIST_PROTOCOL": lambda request: request.module.__name__.endswith("test_confirm"),
+}
 
 
 @pytest.fixture(autouse=True)
-def quick_call_path_timing(request, monkeypatch):
-    """Both call paths timed in short blocks, but in ``tests/test_caller.py``, which tests that choice."""
-    if not request.module.__name__.endswith("test_caller"):
-        monkeypatch.setattr("collage.assembling.caller.CALL_PATHS", quick_settings.CALL_PATHS)
-
-
-@pytest.fixture(autouse=True)
-def quick_finalist_race(request, monkeypatch):
-    """The finalists' race in short blocks, but in the tests of the race and its confirmation."""
-    if not request.module.__name__.endswith(("test_finalists", "test_confirm")):
-        monkeypatch.setattr("collage.choosing.finalists.FINALIST_PROTOCOL", quick_settings.FINALIST_PROTOCOL)
+def real_timing_where_under_test(request, monkeypatch, quick_timing):
+    for (module, name), value in quick_timing.items():
+        if UNDER_TEST[name](request):
+            monkeypatch.setattr(f"{module}.{name}", value)

@@ -3,7 +3,7 @@ each where its mechanism is not under test) and the command-line tests' subproce
 (``subprocesses/sitecustomize.py``). Every verdict and check runs as in a user's process;
 only the timing is shorter."""
 
-from collage.measuring.timing import Protocol
+from collage.measuring.timing import Protocol, Timing
 
 # Racing the kept finalist again in fresh processes (``choosing.confirm``) costs an
 # optimization 7-10 s here: CLOSE = None leaves it out.
@@ -13,6 +13,10 @@ CALL_PATHS = Protocol(rounds=3, block_ms=5.0, settle_s=0.0, warmup_s=0.01)
 # The finalists' race (``finalists.time_finalists``): blocks of 60 ms after 0.1 s of idle,
 # 7 rounds or up to 21, were 5-13 s of each optimization here, most of the suite's time.
 FINALIST_PROTOCOL = Protocol(rounds=7, block_ms=15.0, settle_s=0.02, warmup_s=0.05)
+
+# The candidates' timing for tests that optimize a model whose costs they do not test (passed
+# as ``timing=``; not applied to every test).
+FAST_CANDIDATES = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
 
 # (module, attribute, value): what ``apply`` sets.
 SETTINGS = (

@@ -16,6 +16,7 @@ import collage
 from collage.measuring.cost import Device
 from collage.deploying.exported import ExportError, ExportWarning, read_manifest
 from collage.deploying.saved import placement_record
+from tests.quick_settings import FAST_CANDIDATES
 from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
 
 BACKENDS = ["tvm", "onnxruntime"]
@@ -29,7 +30,8 @@ def made(tmp_path_factory):
     model = write_tiny_model(path / "tiny.onnx")
     mod = collage.load_onnx(model)
     log = collage.CostLog(path / "costs.sqlite")
-    opt = collage.optimize(mod, backends=BACKENDS, cost_log=log, threads=2, progress=False, onnx_model=model)
+    opt = collage.optimize(mod, backends=BACKENDS, cost_log=log, threads=2, progress=False, timing=FAST_CANDIDATES,
+                           onnx_model=model)
     record = json.loads(json.dumps(placement_record(opt).to_json()))
     ops = [op for p in record["partitions"] for op in p["ops"]]
     record["partitions"] = [

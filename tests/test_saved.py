@@ -11,6 +11,7 @@ import pytest
 
 import collage
 from collage.deploying.saved import PlacementFileError, SavedPlacement, read_placement
+from tests.quick_settings import FAST_CANDIDATES
 from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
 
 BACKENDS = ["tvm", "onnxruntime"]
@@ -22,7 +23,7 @@ def made(tmp_path_factory):
     path = tmp_path_factory.mktemp("saved")
     mod = collage.load_onnx(write_tiny_model(path / "tiny.onnx"))
     log = collage.CostLog(path / "costs.sqlite")
-    opt = collage.optimize(mod, backends=BACKENDS, cost_log=log, threads=2, progress=False)
+    opt = collage.optimize(mod, backends=BACKENDS, cost_log=log, threads=2, progress=False, timing=FAST_CANDIDATES)
     opt.save_placement(path / "placement.json")
     return path, mod, opt, log
 
@@ -87,7 +88,7 @@ def test_partitions_out_of_order_are_refused(made, tmp_path):
     """Reversed partitions use values before they are computed. The placement saved above may
     be one engine alone, so this one is TVM's op-level placement, of several partitions."""
     path, mod, _, log = made
-    opt = collage.optimize(mod, backends=["tvm"], cost_log=log, threads=2, progress=False)
+    opt = collage.optimize(mod, backends=["tvm"], cost_log=log, threads=2, progress=False, timing=FAST_CANDIDATES)
     opt.save_placement(tmp_path / "placement.json")
     record = json.loads((tmp_path / "placement.json").read_text())
     assert len(record["partitions"]) > 1
@@ -114,7 +115,7 @@ def test_a_model_with_nothing_to_place_runs_as_tvm_runs_it_and_its_placement_reb
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])  # fmt: skip
     mod = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10))
     log = collage.CostLog(tmp_path / "costs.sqlite")
-    opt = collage.optimize(mod, backends=BACKENDS, cost_log=log, threads=2, progress=False)
+    opt = collage.optimize(mod, backends=BACKENDS, cost_log=log, threads=2, progress=False, timing=FAST_CANDIDATES)
     assert opt.placement == [] and "match_cast" in opt.record.unplaced
     assert "nothing placed" in opt.report()
     args = [np.array(v, "float32") for v in (1.0, 4.0, 0.5)]
