@@ -15,8 +15,9 @@ package (``.pt2``: the generated kernels and a C++ wrapper, weights inside) that
 loads in milliseconds. ``torch.compile`` of the same graph in a second process, even on a
 hit of inductor's FX graph cache, traces it again with Dynamo and loads the cached module:
 seconds per candidate, ViT's 67 candidates were 284 s of an H100 host's optimization. The
-packages are kept beside inductor's own cache, named by a hash of the graph, its weights, its
-inputs' shapes, the precision and the device (``_package``), so the compile pool
+packages are kept beside inductor's own cache (the least recently used going past
+``PACKAGE_CACHE_BYTES``), named by a hash of the graph, its weights, its inputs' shapes, the
+precision and the device (``_package``), so the compile pool
 (``measuring.warm``) builds each once and the worker measuring it, the assembled module and
 an exported one loading later only load it. bfloat16 stays with ``torch.compile``: its
 ``torch.autocast`` applies when the graph is traced, and a package is traced without it.
@@ -98,17 +99,45 @@ def _package(module, examples: list, device: str, precision: str):
     from torch._inductor import aoti_compile_and_package, aoti_load_package
 
     path = _package_dir() / f"{_package_key(module, examples, device, precision)}.pt2"
-    if not path.exists():
+    if path.exists():
+        os.utime(path)  # recently used: the last to go (``_prune``)
+    else:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.stem}.{os.getpid()}.pt2")  # renamed once whole
         with _settings(precision, device):  # the math it is compiled for is the math it runs
             program = torch.export.export(module.to(device), tuple(examples))
             aoti_compile_and_package(program, package_path=str(partial))
         os.replace(partial, path)
+        _prune(path.parent, keep=path)
     # Single-threaded: one call at a time, with none of the host waits between calls that a
     # CUDA graph's capture forbids (its default waits for an instance's previous run).
     run = aoti_load_package(str(path), run_single_threaded=True).loader.boxed_run
     return lambda *tensors: run(list(tensors))
+
+
+# A package holds its weights: one model's candidates take up to a few GB (ViT-B/16's whole
+# graph alone 344 MB). Past this, the least recently used packages go.
+PACKAGE_CACHE_BYTES = 16 * 2**30
+
+
+def _prune(directory: Path, keep: Path) -> None:
+    """The least recently used packages in ``directory`` removed until the rest fit in
+    ``PACKAGE_CACHE_BYTES``; ``keep`` (just built) and packages other processes are still
+    writing (``<key>.<pid>.pt2``) stay."""
+    sizes = {}
+    for package in directory.glob("*.pt2"):
+        try:
+            if len(package.suffixes) == 1:
+                sizes[package] = (package.stat().st_mtime, package.stat().st_size)
+        except FileNotFoundError:  # removed by another process meanwhile
+            continue
+    total = sum(size for _, size in sizes.values())
+    for package in sorted(sizes, key=lambda p: sizes[p][0]):
+        if total <= PACKAGE_CACHE_BYTES:
+            break
+        if package != keep:
+            package.unlink(missing_ok=True)
+            total -= sizes[package][1]
 
 
 def _package_dir() -> Path:

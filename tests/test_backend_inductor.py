@@ -186,3 +186,23 @@ def test_candidates_compiled_ahead_in_parallel_processes_are_only_loaded_where_m
     kernel(*inputs, *outputs)
     assert mismatch([o.numpy() for o in outputs], run_reference(func, arrays)) is None
     assert warm(tasks[:1], processes=2) == 0  # one candidate: compiled where it is measured
+
+
+def test_the_packages_kept_on_disk_stay_within_their_budget_least_recently_used_first(tmp_path, monkeypatch):
+    """Packages hold their weights, so the least recently used go past ``PACKAGE_CACHE_BYTES``;
+    the one just built and those other processes are still writing stay."""
+    import os
+
+    def package(name, mtime):
+        path = tmp_path / name
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (mtime, mtime))
+        return path
+
+    oldest, older, newest = package("a.pt2", 1), package("b.pt2", 2), package("c.pt2", 4)
+    writing = package("d.1234.pt2", 0)
+    built = package("e.pt2", 3)
+    monkeypatch.setattr(inductor, "PACKAGE_CACHE_BYTES", 250)
+    inductor._prune(tmp_path, keep=built)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt2", "d.1234.pt2", "e.pt2"]
+    assert not oldest.exists() and not older.exists() and newest.exists() and writing.exists()
