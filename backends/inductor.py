@@ -76,13 +76,13 @@ def compile(func, pattern: str, target: str, threads: int, precision: str = FLOA
     import torch
 
     device = _device(target)
+    module = to_fx(func, "cpu")  # weights hashed for the package's name where they are, then moved
     if precision != BFLOAT16:
-        module = to_fx(func, "cpu")
         try:
             return _kernel(_package(module, _examples(func, device), device, precision), func, device, precision)
         except Exception as err:  # noqa: BLE001 -- no package here (a C++ toolchain or CUDA's headers missing)
             _no_package(f"{type(err).__name__}: {first_line(err)}")
-    return _kernel(torch.compile(to_fx(func, device), fullgraph=True, dynamic=False), func, device, precision)
+    return _kernel(torch.compile(module.to(device), fullgraph=True, dynamic=False), func, device, precision)
 
 
 @functools.cache
@@ -128,7 +128,8 @@ def _prune(directory: Path, keep: Path) -> None:
     for package in directory.glob("*.pt2"):
         try:
             if len(package.suffixes) == 1:
-                sizes[package] = (package.stat().st_mtime, package.stat().st_size)
+                stat = package.stat()
+                sizes[package] = (stat.st_mtime, stat.st_size)
         except FileNotFoundError:  # removed by another process meanwhile
             continue
     total = sum(size for _, size in sizes.values())

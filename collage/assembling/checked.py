@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 from tvm import relax
 
 from ..candidates.backend import BackendSet
@@ -46,10 +45,11 @@ class Finalist:
         return len({p.backend for p in self.partitions}), len(self.partitions), reduced
 
 
-def wrong_result(vm: relax.VirtualMachine, inputs, expected: list[np.ndarray], rtol: float | None = None) -> str | None:
-    """How the module's outputs on ``inputs`` (tensors) miss ``expected`` by more than ``rtol``
+def wrong_result(vm: relax.VirtualMachine, reference: Reference, target: str, rtol: float | None = None) -> str | None:
+    """How the module's outputs on ``reference``'s inputs miss its outputs by more than ``rtol``
     (default ``END_TO_END_RTOL``; an accuracy budget for reduced precisions), or None."""
-    return mismatch(numpy_outputs(vm["main"](*inputs)), expected, rtol=rtol or END_TO_END_RTOL)
+    outputs = vm["main"](*to_tensors(reference.inputs, device_for(target)))
+    return mismatch(numpy_outputs(outputs), reference.outputs, rtol=rtol or END_TO_END_RTOL)
 
 
 def as_tvm_runs_it(original, prepared, reference: Reference, target) -> Finalist:
@@ -57,8 +57,7 @@ def as_tvm_runs_it(original, prepared, reference: Reference, target) -> Finalist
     finalist with no partition: the simplified module when it computes ``reference``'s outputs
     on its inputs as the unoptimized one does, else the unoptimized one."""
     module, vm = prepared, build_vm(prepared, target)
-    inputs = to_tensors(reference.inputs, device_for(target))
-    if prepared is not original and wrong_result(vm, inputs, reference.outputs) is not None:
+    if prepared is not original and wrong_result(vm, reference, target) is not None:
         module, vm = original, build_vm(original, target)
     return Finalist([], Assembly(module), vm, math.nan)
 
@@ -72,7 +71,6 @@ def assemble_and_check(graph, placement: Placement, reference: Reference, backen
     kernels disagree with TVM inside the model, fall back to TVM, and the check repeats.
     Returns the assembly with its VM, the partitions it runs and the fallbacks with their
     reasons."""
-    device = device_for(target)
     rtol = budget if reduced(placement.partitions) else None
     partitions = list(placement.partitions)
     fallbacks: list[tuple[Partition, str]] = []
@@ -86,7 +84,7 @@ def assemble_and_check(graph, placement: Placement, reference: Reference, backen
             partitions = _fall_back(graph, partitions, [failed.partition])
             continue
         vm = build_vm(assembly.module, target, kernel_backends(assembly, backends))
-        problem = wrong_result(vm, to_tensors(reference.inputs, device), reference.outputs, rtol)
+        problem = wrong_result(vm, reference, target, rtol)
         if problem is None:
             return Finalist(partitions, assembly, vm, placement.estimated_ms, fallbacks)
         checks += 1

@@ -104,14 +104,14 @@ class EndToEnd:
         """Build, check and time one placement; never raises."""
         try:
             _, vm = self.build(partitions)
-            inputs = to_tensors(self.reference.inputs, device_for(self.target))
-            problem = wrong_result(vm, inputs, self.reference.outputs)
+            problem = wrong_result(vm, self.reference, self.target)
         except PartitionFailed as failed:
             return Cost.invalid(f"{failed.partition.backend} could not compile {failed.partition.pattern}: {failed.reason}")
         except Exception as err:  # a library raising at build or run time disqualifies the placement
             return Cost.invalid(f"{type(err).__name__}: {first_line(err)}")
         if problem is not None:
             return Cost.invalid(f"wrong result: {problem}")
+        inputs = to_tensors(self.reference.inputs, device_for(self.target))
         return time_call(synchronized(functools.partial(vm["main"], *inputs), self.target), self.timing)
 
 

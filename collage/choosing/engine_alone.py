@@ -29,9 +29,9 @@ from ..model.frontend import IR_VERSION
 from ..candidates.precision import FLOAT32, precision_argument, short
 from ..candidates.subgraph import SubGraph
 from ..measuring.cost import Cost
-from ..measuring.build import build_vm, device_for
+from ..measuring.build import build_vm
 from ..errors import first_line
-from ..measuring.arrays import Reference, static_shape, to_tensors
+from ..measuring.arrays import Reference, static_shape
 from ..model.graph import DataflowGraph
 from ..assembling.checked import Finalist, wrong_result
 from ..placing.placement import Partition
@@ -143,8 +143,7 @@ def _checked(assembled, what: str, backend: Backend, check: Reference, target: s
     try:
         assembly, partition = assembled()
         vm = build_vm(assembly.module, target, {name: backend for _, name, _ in assembly.kernels})
-        problem = wrong_result(vm, to_tensors(check.inputs, device_for(target)), check.outputs,
-                               None if precision == FLOAT32 else budget)
+        problem = wrong_result(vm, check, target, None if precision == FLOAT32 else budget)
     except EngineAloneFailed:
         raise
     except Exception as err:  # a library raising at build or run time: this finalist cannot be
