@@ -129,14 +129,17 @@ def outputs_of(result) -> list[np.ndarray]:
     return [a for r in result for a in outputs_of(r)]
 
 
-def run_model(name: str, cost_log: str, energy: bool, accuracy: float | None = None, torch_entry: bool = True) -> dict:
+def run_model(name: str, entry: dict, save, cost_log: str, energy: bool, accuracy: float | None = None,
+              torch_entry: bool = True) -> None:
+    """Fills ``entry`` stage by stage, calling ``save`` after each: a run cut off by a
+    device's time limit keeps what it measured."""
     import tvm
 
     import collage
 
     w = models.load(name)
     reference = w.reference()
-    entry: dict = {"model": w.spec.description, "input": list(w.input_shape)}
+    entry.update({"model": w.spec.description, "input": list(w.input_shape)})
     started = time.perf_counter()
     opt = collage.optimize(w.relax, target="cuda", cost_log=cost_log)
     entry["optimize_s"] = round(time.perf_counter() - started, 1)
@@ -145,6 +148,7 @@ def run_model(name: str, cost_log: str, energy: bool, accuracy: float | None = N
     entry["measured_candidates"] = opt.record.measured
     entry.update(_chosen(opt))
     entry["cuda_graph_off"] = opt.record.cuda_graph_off  # None: its static regions run as CUDA graphs
+    save()
     tensors = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
     builders = {"collage": lambda: opt.bind(*tensors)}
     if torch_entry:  # the torch module handed over: its own program compiled whole is a finalist too
@@ -154,11 +158,12 @@ def run_model(name: str, cost_log: str, energy: bool, accuracy: float | None = N
         print(from_torch.report(), flush=True)
         builders["collage (torch)"] = lambda: from_torch.bind(*tensors)
     entry.update(_race(builders | peers(w), reference))
+    save()
     if accuracy is not None:
         entry["accuracy"] = accuracy_entry(w, reference, opt, accuracy, cost_log)
+        save()
     if energy:
         entry["energy"] = energy_beside_time(w, cost_log)
-    return entry
 
 
 def _chosen(opt) -> dict:
@@ -261,15 +266,21 @@ def main(argv=None) -> None:
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results["machine"] = gpu_info()
     results["precision"] = PRECISION
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():
+        args.out.write_text(json.dumps(results, indent=1, default=str))
+
     for name in args.model:
         print(f"== {name}", flush=True)
+        results[name] = {}
         try:
-            results[name] = run_model(name, args.cost_log, name in args.energy, args.accuracy, not args.no_torch_entry)
+            run_model(name, results[name], save, args.cost_log, name in args.energy, args.accuracy,
+                      not args.no_torch_entry)
         except Exception as err:
             traceback.print_exc()
-            results[name] = {"error": one_line(err)}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1, default=str))
+            results[name]["error"] = one_line(err)
+        save()
         print(json.dumps({k: v for k, v in results[name].items() if k != "report"}, indent=1, default=str), flush=True)
 
 

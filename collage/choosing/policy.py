@@ -63,14 +63,15 @@ def placements(graph, candidates, costs, usable, graph_level: bool, offered: dic
         if backend.kind != GRAPH_LEVEL:
             continue
         for precision in (FLOAT32, *offered.get(backend.name, ())):
-            name = _engine_placement(graph, backend, precision, every_precision, tvm_only, costs, notes, placements, add)
+            name = _engine_placement(graph, backend, precision, every_precision, tvm_only, costs, notes, add)
             if name is not None and precision == FLOAT32:
                 alone[backend.name] = name
     return placements, alone
 
-def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, notes, placements, add) -> FinalistName | None:
+def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, notes, add) -> FinalistName | None:
     """``backend`` alone on the whole model in ``precision``, else its largest regions in it
-    with TVM for the rest, added to ``placements``; its name, or None when it has no region."""
+    with TVM for the rest, handed to ``add``; the name it is timed under (another finalist's,
+    where that is the same placement), or None when it has no region."""
     at = "" if precision == FLOAT32 else f" in {short(precision)}"
     # Regions measured (not skipped: each then would cost more than a whole-model candidate).
     regions = [c for c in candidates if c.backend == backend.name and c.pattern == f"{backend.name}{REGION_SUFFIX}"
@@ -82,11 +83,13 @@ def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, no
         notes[backend.name + at] = f"{backend.name}{at} cannot run the whole model: {costs.cost(whole).reason}"
         whole = None
     if whole is not None:
-        # Every engine alone is a finalist, even where the op-level answer is the same
-        # placement: the report then shows each engine's own time.
         name = FinalistName(FinalistKind.ENGINE_ALONE, backend.name, precision=precision)
-        placements[name] = Placement(graph, (Partition(whole, costs.cost(whole), costs.transition_ms(backend.name)),))
-        return name
+        same = add(name, Placement(graph, (Partition(whole, costs.cost(whole), costs.transition_ms(backend.name)),)))
+        if same != name:
+            # Assembled and raced twice, one module would be timed against itself, and raced
+            # again in fresh processes: on an H200, ViT-B on inductor alone took 126 s so.
+            notes[str(name)] = f"{name} is the '{same}' placement (one partition, the whole model), timed once as it"
+        return same
     name = FinalistName(FinalistKind.ENGINE_REGIONS, backend.name, precision=precision)
     return add(name, place(graph, regions + tvm_only, costs, costs.transition_ms))
 
