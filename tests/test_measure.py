@@ -1,6 +1,10 @@
 """The measurer: timing statistics, failures as invalid costs with reasons, and the cost log."""
 
+import functools
+import os
 import time
+
+import pytest
 
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -128,6 +132,23 @@ def test_a_batch_that_does_not_compile_or_kills_its_worker_is_measured_one_by_on
     # Each compiled alone by NumPy: every cost is a real one, nothing is lost to the batch.
     assert all(m.cost(c).is_valid for c in candidates)
     assert runner.started == 2  # the worker that aborted on the batch, and a fresh one
+
+
+def test_jobs_submitted_to_two_workers_run_at_once_and_an_overrun_says_its_own_time():
+    workers = [WorkerProcess(threads=1) for _ in range(2)]
+    try:
+        pids = {worker.call(os.getpid, 60) for worker in workers}  # started and ready
+        assert len(pids) == 2
+        started = time.monotonic()
+        for worker in workers:
+            worker.submit(functools.partial(time.sleep, 1.0), 60)
+        assert [worker.result() for worker in workers] == [None, None]
+        assert time.monotonic() - started < 1.8  # one after the other would take 2 s
+        with pytest.raises(RuntimeError, match=r"timed out after 0\.2 s"):
+            workers[0].call(functools.partial(time.sleep, 5.0), 0.2)
+    finally:
+        for worker in workers:
+            worker.close()
 
 
 def test_candidates_no_winning_placement_would_use_are_not_measured_nor_logged(tmp_path, monkeypatch):

@@ -102,8 +102,10 @@ def confirm(finalists: dict, kept, second, request: Callable[[object], bytes], t
     for worker in workers.values():
         worker.start()  # both import their libraries at once
     try:
+        for name, worker in workers.items():  # both build at once: seconds to minutes each
+            worker.submit(functools.partial(_hold, request(name), threads), BUILD_TIMEOUT_S)
         for name, worker in workers.items():
-            why = worker.call(functools.partial(_hold, request(name), threads), BUILD_TIMEOUT_S)
+            why = worker.result()
             if why is not None:
                 result.skipped = f"'{name}' could not be rebuilt there: {why}"
                 return result

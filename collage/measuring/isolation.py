@@ -52,6 +52,7 @@ class WorkerProcess:
         self.threads, self.timeout_s = threads, timeout_s
         self.started = 0  # how many worker processes were started (1 unless some died)
         self._proc: subprocess.Popen | None = None
+        self._job_s, self._deadline = 0.0, 0.0  # the submitted job's time and when it runs out
 
     def run(self, task: MeasureTask | TransitionTask) -> MeasureResult:
         try:
@@ -76,13 +77,26 @@ class WorkerProcess:
         measuring server does besides measuring (``collage.time_finalists``). ``job`` travels
         pickled, so it is a module-level function (with its arguments bound). Raises
         ``RuntimeError`` with why when the worker dies, overruns, or ``job`` raises."""
-        saved, self.timeout_s = self.timeout_s, timeout_s
+        self.submit(job, timeout_s)
+        return self.result()
+
+    def submit(self, job: Callable[[], object], timeout_s: float) -> None:
+        """``job`` started in the worker while this process goes on (another worker's job
+        too); ``result`` waits for it, within ``timeout_s`` seconds of its start."""
         try:
-            result = self._exchange(job)
+            self._start()
+            self._job_s, self._deadline = timeout_s, time.monotonic() + timeout_s
+            self._clear_output()
+            _write(self._to_worker, job)
         except _WorkerLost as lost:
-            raise RuntimeError(self._lost(lost)) from None
-        finally:
-            self.timeout_s = saved
+            raise RuntimeError(self._lost(lost, timeout_s)) from None
+
+    def result(self) -> object:
+        """What the job ``submit`` started returned; ``RuntimeError`` as ``call`` says."""
+        try:
+            result = _read(self._from_worker, self._deadline)
+        except _WorkerLost as lost:
+            raise RuntimeError(self._lost(lost, self._job_s)) from None
         if isinstance(result, _JobFailed):
             raise RuntimeError(result.why)
         return result
@@ -91,10 +105,13 @@ class WorkerProcess:
         """``work`` (a task or a list of them) sent to the worker, and its answer; raises
         _WorkerLost when the worker dies or overruns ``timeout_s``."""
         self._start()
-        self._output.seek(0)  # keep only what the worker writes while on this work
-        self._output.truncate()
+        self._clear_output()
         _write(self._to_worker, work)
         return _read(self._from_worker, time.monotonic() + self.timeout_s)
+
+    def _clear_output(self) -> None:
+        self._output.seek(0)  # keep only what the worker writes while on this work
+        self._output.truncate()
 
     def close(self) -> None:
         if self._proc is None:
@@ -140,8 +157,9 @@ class WorkerProcess:
         self.started += 1
         self._ready = False
 
-    def _lost(self, lost: _WorkerLost) -> str:
-        """Why the worker is gone (it is killed if it still runs), with its last words."""
+    def _lost(self, lost: _WorkerLost, timeout_s: float | None = None) -> str:
+        """Why the worker is gone (it is killed if it still runs), with its last words;
+        ``timeout_s``: the job's time, where it was not a measuring task's."""
         proc = self._proc
         if proc.poll() is None:
             proc.kill()
@@ -150,7 +168,7 @@ class WorkerProcess:
         lines = [line.strip() for line in self._output.read().decode(errors="replace").splitlines() if line.strip()]
         self.close()
         if lost.timed_out:
-            why = f"timed out after {self.timeout_s:g} s"
+            why = f"timed out after {timeout_s or self.timeout_s:g} s"
         elif code < 0:
             why = f"the worker died of {signal.Signals(-code).name}"
         else:
