@@ -10,7 +10,7 @@ over a PyTorch module, its own ``torch.export`` program compiled whole is a fina
 per candidate; each is compiled at ``compile`` time, with inputs of the right shapes, so no
 compile ever falls inside a CUDA graph's capture.
 
-Compiled ahead of time: float32 and TF32 candidates go through AOTInductor, which writes a
+Compiled ahead of time: candidates go through AOTInductor, which writes a
 package (``.pt2``: the generated kernels and a C++ wrapper, weights inside) that any process
 loads in milliseconds. ``torch.compile`` of the same graph in a second process, even on a
 hit of inductor's FX graph cache, traces it again with Dynamo and loads the cached module:
@@ -19,8 +19,9 @@ packages are kept beside inductor's own cache (the least recently used going pas
 ``PACKAGE_CACHE_BYTES``), named by a hash of the graph, its weights, its inputs' shapes, the
 precision and the device (``_package``), so the compile pool
 (``measuring.warm``) builds each once and the worker measuring it, the assembled module and
-an exported one loading later only load it. bfloat16 stays with ``torch.compile``: its
-``torch.autocast`` applies when the graph is traced, and a package is traced without it.
+an exported one loading later only load it. A bfloat16 package is exported from the graph
+under ``torch.autocast`` in its ``forward`` (``_exported``): export records the casts autocast
+makes, which an autocast around the call would not reach inside a package.
 
 The kernel reads TVM's buffers through DLPack, runs on TVM's current stream and copies its
 outputs into the caller's buffers there (``patterns.torch_stream``): graph-safe. Bound to
@@ -60,14 +61,22 @@ def _settings(precision: str, device: str):
     reads these switches when a kernel runs, not when it is compiled."""
     import torch
 
+    stack = _tf32_settings(precision)
+    if precision == BFLOAT16:
+        stack.enter_context(torch.autocast(device, dtype=torch.bfloat16))
+    return stack
+
+
+def _tf32_settings(precision: str):
+    """TF32 on in cuDNN and cuBLAS for ``TF32``, off otherwise, and no autograd."""
+    import torch
+
     stack = contextlib.ExitStack()
     tf32 = precision == TF32
     stack.enter_context(torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=tf32))
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     stack.callback(setattr, torch.backends.cuda.matmul, "allow_tf32", previous)
-    if precision == BFLOAT16:
-        stack.enter_context(torch.autocast(device, dtype=torch.bfloat16))
     stack.enter_context(torch.no_grad())
     return stack
 
@@ -77,11 +86,10 @@ def compile(func, pattern: str, target: str, threads: int, precision: str = FLOA
 
     device = _device(target)
     module = to_fx(func, "cpu")  # weights hashed for the package's name where they are, then moved
-    if precision != BFLOAT16:
-        try:
-            return _kernel(_package(module, _examples(func, device), device, precision), func, device, precision)
-        except Exception as err:  # noqa: BLE001 -- no package here (a C++ toolchain or CUDA's headers missing)
-            _no_package(f"{type(err).__name__}: {first_line(err)}")
+    try:
+        return _kernel(_package(module, _examples(func, device), device, precision), func, device, precision)
+    except Exception as err:  # noqa: BLE001 -- no package here (a C++ toolchain or CUDA's headers missing)
+        _no_package(f"{type(err).__name__}: {first_line(err)}")
     return _kernel(torch.compile(module.to(device), fullgraph=True, dynamic=False), func, device, precision)
 
 
@@ -104,8 +112,8 @@ def _package(module, examples: list, device: str, precision: str):
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.stem}.{os.getpid()}.pt2")  # renamed once whole
-        with _settings(precision, device):  # the math it is compiled for is the math it runs
-            program = torch.export.export(module.to(device), tuple(examples))
+        with _tf32_settings(precision):  # the math it is compiled for is the math it runs
+            program = torch.export.export(_exported(module.to(device), precision, device), tuple(examples))
             aoti_compile_and_package(program, package_path=str(partial))
         os.replace(partial, path)
         _prune(path.parent, keep=path)
@@ -113,6 +121,27 @@ def _package(module, examples: list, device: str, precision: str):
     # CUDA graph's capture forbids (its default waits for an instance's previous run).
     run = aoti_load_package(str(path), run_single_threaded=True).loader.boxed_run
     return lambda *tensors: run(list(tensors))
+
+
+def _exported(module, precision: str, device: str):
+    """What a package is exported from: ``module``, or for bfloat16 ``module`` under
+    ``torch.autocast`` in its ``forward``, which export records (as a higher-order op that
+    inductor lowers to the casts autocast makes)."""
+    import torch
+
+    if precision != BFLOAT16:
+        return module
+
+    class Autocast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module
+
+        def forward(self, *args):
+            with torch.autocast(device, dtype=torch.bfloat16):
+                return self.inner(*args)
+
+    return Autocast()
 
 
 # A package holds its weights: one model's candidates take up to a few GB (ViT-B/16's whole

@@ -88,10 +88,19 @@ def test_the_users_program_compiles_whole_in_place_of_main_on_the_cpu():
         checked_on_program(imported.mod, DataflowGraph(func), BACKEND, imported.program, wrong, "llvm", 2)
 
 
-def test_bfloat16_is_computed_in_bfloat16():
-    actual, expected = run_kernel(models.load("mlp", small=True).relax["main"], precision=BFLOAT16)
+def test_bfloat16_is_computed_in_bfloat16_by_a_package_exported_under_autocast(tmp_path, monkeypatch):
+    import torch._inductor
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch, "compile", None)  # a package, or nothing
+    func = models.load("mlp", small=True).relax["main"]
+    actual, expected = run_kernel(func, precision=BFLOAT16)
     assert actual[0].dtype == np.float32  # the caller's float32 buffers, all the same
     assert 1e-5 < relative_error(actual, expected) < 5e-2
+    assert len(list(tmp_path.glob("collage-packages/*.pt2"))) == 1
+    actual, _ = run_kernel(func, precision=FLOAT32)
+    assert relative_error(actual, expected) < 1e-5  # a package of its own, in float32
+    assert len(list(tmp_path.glob("collage-packages/*.pt2"))) == 2
 
 
 # ------------------------------------------------------------------ on a GPU
