@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from .assembling.caller import CallPathTiming
 from .candidates.precision import FLOAT32, short
 from .measuring.cost import Cost
+from .measuring.warm import Warmed
 from .placing.objective import Objective
 
 
@@ -103,6 +104,7 @@ class RunRecord:
     distinct: int = 0  # candidates with distinct log keys
     capped: dict[str, int] = field(default_factory=dict)  # pattern rule -> seeds whose growth stopped at the cap
     measured: int = 0  # candidates measured by this call (the rest came from the cost log)
+    compiled_ahead: Warmed = Warmed()  # what the compile pool did before measuring
     skipped: dict[str, int] = field(default_factory=dict)  # search-bound rule -> candidates not measured
     timed_out: int = 0  # candidates that overran the runner's deadline: not logged, measured again next time
     exact: bool = True  # whether every DP search was exact (no state cap)

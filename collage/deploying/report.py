@@ -51,6 +51,13 @@ def dominant_tvm_ops(partitions) -> list[str]:
     ]
 
 
+def _compiled_ahead_text(warmed) -> str:
+    if not warmed.compiled:
+        return ""
+    return (f", of which {warmed.seconds:.1f} s compiling {warmed.compiled} candidate(s) ahead in "
+            f"{warmed.processes} processes, the slowest {warmed.slowest_s:.1f} s ({warmed.slowest_ops} ops)")
+
+
 def _skipped_text(skipped: dict[str, int]) -> str:
     """The candidates the search bound left unmeasured (``measure.SearchBound``), by rule."""
     if not skipped:
@@ -204,8 +211,9 @@ def format_report(opt) -> str:
             f"optimization: {r.candidates} candidates ({r.distinct} distinct), "
             f"{r.measured} measured now, {_skipped_text(r.skipped)}{_timed_out_text(r.timed_out)}the rest from the cost log; "
             f"{r.seconds.total:.1f} s in all "
-            f"(measuring {r.seconds.measure:.1f} s, placing {r.seconds.place:.1f} s, "
-            f"assembling and checking {r.seconds.assemble:.1f} s)"
+            f"(measuring {r.seconds.measure:.1f} s{_compiled_ahead_text(r.compiled_ahead)}, "
+            f"placing {r.seconds.place:.1f} s, assembling and checking {r.seconds.assemble:.1f} s, "
+            f"timing the finalists {r.seconds.final_timing:.1f} s)"
             + ("" if r.exact else "; placement searched at the lowest frontier node only (state cap)")
         )
     if opt.fallbacks:

@@ -35,7 +35,7 @@ from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
 from .runner import MeasureResult, MeasureRunner, MeasureTask
 from .isolation import shared_worker
-from .warm import processes_here, warm
+from .warm import Warmed, processes_here, warm
 from .meters import EnergyMeter
 from .build import intermediate_values
 from .timing import Timing
@@ -90,6 +90,7 @@ class Measurer:
         self.runner = config.runner if config.runner is not None else shared_worker(self.device.threads)
         self.meter = meter  # with a meter, every cost has the energy of a call too
         self.measured = 0
+        self.warmed = Warmed()  # what the compile pool did (``_warm``)
         self.skipped: dict[LogKey, str] = {}  # not measured, by which rule (``SearchBound``); never logged
         self.timed_out = 0  # candidates that overran the runner's deadline; never logged
         self._costs: dict[LogKey, Cost] = {}
@@ -227,7 +228,7 @@ class Measurer:
         if len(candidates) < 2 or getattr(self.runner, "fleet", None) is not None:
             return
         tasks = [task for c in candidates if isinstance(task := self._task(c), MeasureTask)]
-        warm(tasks, processes_here())
+        self.warmed = warm(tasks, processes_here())
 
     def _batches(self, candidates: list[Candidate]) -> list[list[Candidate]]:
         """``candidates`` in batches of at most ``BATCH``, and at least one per server of the

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
 from .build import compile_kernel
 from .runner import MeasureTask
@@ -29,32 +31,56 @@ def processes_here() -> int:
     return len(os.sched_getaffinity(0)) - 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) - 1
 
 
-def warm(tasks: list[MeasureTask], processes: int) -> int:
-    """Each task's kernel compiled in one of ``processes`` fresh processes, then dropped: how
-    many compiled. Never raises: a candidate that fails here fails again where it is
-    measured, which says why; a pool that cannot start leaves every compile to the worker."""
+@dataclass(frozen=True)
+class Warmed:
+    """What the pool did: candidates compiled, in how many processes, in how many seconds,
+    and the slowest compile (seconds, and its sub-graph's operators)."""
+
+    compiled: int = 0
+    processes: int = 0
+    seconds: float = 0.0
+    slowest_s: float = 0.0
+    slowest_ops: int = 0
+
+
+def warm(tasks: list[MeasureTask], processes: int) -> Warmed:
+    """Each task's kernel compiled in one of ``processes`` fresh processes, then dropped, the
+    largest sub-graphs first (the longest compiles, which would end last if started last).
+    Never raises: a candidate that fails here fails again where it is measured, which says
+    why; a pool that cannot start leaves every compile to the worker."""
     processes = min(processes, len(tasks))
     if processes < 2:
-        return 0
+        return Warmed()
     import cloudpickle  # as the worker is sent its tasks: a backend's functions may be lambdas
 
+    started = time.perf_counter()
+    tasks = sorted(tasks, key=lambda task: -_ops(task.func))
     threads = str(max(1, (processes_here() + 1) // processes))
     try:
         with ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), _set_env, (COMPILE_THREADS, threads)) as pool:
-            return sum(pool.map(_compiles, map(cloudpickle.dumps, tasks)))
+            done = list(pool.map(_compiles, map(cloudpickle.dumps, tasks)))
     except Exception:  # noqa: BLE001 -- a pool that broke: the worker compiles each as before
-        return 0
+        return Warmed()
+    slowest = max(range(len(tasks)), key=lambda k: done[k][1])
+    return Warmed(sum(ok for ok, _ in done), processes, time.perf_counter() - started, done[slowest][1],
+                  _ops(tasks[slowest].func))  # fmt: skip
+
+
+def _ops(func) -> int:
+    return sum(len(block.bindings) for block in func.body.blocks)
 
 
 def _set_env(name: str, value: str) -> None:
     os.environ[name] = value
 
 
-def _compiles(pickled: bytes) -> bool:
+def _compiles(pickled: bytes) -> tuple[bool, float]:
+    """Whether the task's kernel compiled, and in how many seconds."""
     import cloudpickle
 
+    started = time.perf_counter()
     task: MeasureTask = cloudpickle.loads(pickled)
     pin_threads(task.threads)  # on the worker's threads, as its compile will be
     kernel, reason = compile_kernel(task.backend, task.func, task.pattern, task.target, task.threads,
                                     precision=task.precision)  # fmt: skip
-    return reason is None
+    return reason is None, time.perf_counter() - started
