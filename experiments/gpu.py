@@ -273,7 +273,7 @@ def main(argv=None) -> None:
 
     for name in args.model:
         print(f"== {name}", flush=True)
-        results[name] = {}
+        results[name] = {"gpu": results["machine"]["gpu"]}  # rows of one file may come from several GPUs
         try:
             run_model(name, results[name], save, args.cost_log, name in args.energy, args.accuracy,
                       not args.no_torch_entry)
