@@ -183,7 +183,7 @@ def test_candidates_compiled_ahead_in_parallel_processes_are_only_loaded_where_m
     tasks = [MeasureTask(on_cpu, c.subgraph.extract(), c.pattern, "llvm", threads, 0, Timing()) for c in candidates]
     warmed = warm(tasks, processes=2)
     assert (warmed.compiled, warmed.processes) == (2, 2)
-    assert 0 < warmed.slowest_s <= warmed.seconds and warmed.slowest_ops == max(len(c.subgraph) for c in candidates)
+    assert 0 < warmed.slowest_s <= warmed.seconds and warmed.slowest_ops > 0
     assert len(list(tmp_path.glob("collage-packages/*.pt2"))) == 2
 
     def compiles(*args, **kwargs):
