@@ -167,6 +167,15 @@ def test_candidates_no_winning_placement_would_use_are_not_measured_nor_logged(t
     assert all(m.cost(c).reason.startswith("not measured: TVM runs these ops in ") for c in numpy)
     kernels = [r for r in m.log.rows("numpy") if r.key != "transition"]  # the transition is measured beside the whole model
     assert len(kernels) == 1 and m.measured == len(candidates) - len(numpy)
+    # Again with that log: the skipped ones are still missing from it, but none is measured,
+    # so the model's values (a whole run of it by TVM) are not computed.
+    from collage.measuring import measure
+
+    runs = []
+    monkeypatch.setattr(measure, "intermediate_values", lambda *args: runs.append(args))
+    again = measurer(tmp_path, NUMPY, runner=InProcess())
+    again.measure_all(candidates, progress=False)
+    assert again.measured == 0 and len(again.skipped) == 5 and runs == []
 
 
 def test_a_runner_of_several_servers_gets_a_batch_for_each(tmp_path):

@@ -98,8 +98,10 @@ class Measurer:
         # (not by node indices: the substitution search measures the candidates of many graphs).
         self._references: dict[int, list[np.ndarray]] = {}
         self._transitions: dict[str, float] = {}
-        # While measure_all runs: its graph and every value it computes (runner.intermediate_values).
+        # While measure_all runs: its graph and every value it computes (runner.intermediate_values),
+        # computed when the first candidate needs them (``_graph_values``).
         self._values: tuple[object, dict] = (None, {})
+        self._values_of = None  # the graph whose values are still to compute
 
     # -- CostSource --
 
@@ -177,18 +179,27 @@ class Measurer:
         candidates = list(candidates)
         todo = self.missing(candidates)
         graphs = {id(c.subgraph.graph): c.subgraph.graph for c in todo}
-        if len(graphs) == 1:
-            graph = next(iter(graphs.values()))
+        # Candidates the search bound skips are never logged, so they are in ``todo`` each time:
+        # BERT-base's values took 60 s of an optimization that then measured nothing.
+        self._values_of = next(iter(graphs.values())) if len(graphs) == 1 else None
+        try:
+            self._measure_all(candidates, todo, progress)
+        finally:
+            self._values, self._values_of = (None, {}), None
+
+    def _graph_values(self) -> tuple[object, dict]:
+        """(graph, its values) for the candidates of ``measure_all``'s one graph, computed
+        on first use; (None, {}) where TVM cannot run the whole graph (each candidate then
+        draws its own inputs)."""
+        if self._values_of is not None:
+            graph, self._values_of = self._values_of, None
             try:
                 values = intermediate_values(graph, self.seed)
             except Exception:  # noqa: BLE001 -- TVM cannot run the whole graph: each candidate draws its own
                 values = None
             if values is not None:
                 self._values = (graph, values)
-        try:
-            self._measure_all(candidates, todo, progress)
-        finally:
-            self._values = (None, {})
+        return self._values
 
     def _measure_all(self, candidates: list[Candidate], todo: list[Candidate], progress: bool) -> None:
         from tqdm import tqdm
@@ -319,7 +330,7 @@ class Measurer:
             func = candidate.subgraph.extract()
         except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
             return Cost.invalid(str(err))
-        graph, values = self._values
+        graph, values = self._graph_values()
         reduced = {} if candidate.precision == FLOAT32 else {"precision": candidate.precision, "rtol": self.accuracy}
         if candidate.subgraph.graph is not graph:
             return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed, self.timing,
