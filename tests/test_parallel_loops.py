@@ -36,6 +36,7 @@ def serial(mod, target):
 
 @pytest.mark.parametrize("target", [REFERENCE_TARGET, "llvm"], ids=["unoptimized", "optimized"])
 def test_the_loops_run_in_parallel_and_compute_what_the_serial_loops_do(target):
+    # ``reference_vm`` schedules a heavy model's (``llvm``); the rule itself holds for both.
     arrays = to_tensors(random_inputs(Mixed["main"], 0))
     parallel = numpy_outputs(reference_vm(Mixed, target)["main"](*arrays))
     expected = numpy_outputs(serial(Mixed, target)["main"](*arrays))
