@@ -238,8 +238,8 @@ class Measurer:
         cache they leave."""
         if len(candidates) < 2 or getattr(self.runner, "fleet", None) is not None:
             return
-        tasks = [task for c in candidates if isinstance(task := self._task(c), MeasureTask)]
-        self.warmed = warm(tasks, processes_here())
+        tasks = [(task, len(c.subgraph)) for c in candidates if isinstance(task := self._task(c), MeasureTask)]
+        self.warmed = warm([task for task, _ in tasks], [size for _, size in tasks], processes_here())
 
     def _batches(self, candidates: list[Candidate]) -> list[list[Candidate]]:
         """``candidates`` in batches of at most ``BATCH``, and at least one per server of the

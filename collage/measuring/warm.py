@@ -43,18 +43,20 @@ class Warmed:
     slowest_ops: int = 0
 
 
-def warm(tasks: list[MeasureTask], processes: int) -> Warmed:
+def warm(tasks: list[MeasureTask], sizes: list[int], processes: int) -> Warmed:
     """Each task's kernel compiled in one of ``processes`` fresh processes, then dropped, the
-    largest sub-graphs first (the longest compiles, which would end last if started last).
-    Never raises: a candidate that fails here fails again where it is measured, which says
-    why; a pool that cannot start leaves every compile to the worker."""
+    largest sub-graphs first (the longest compiles, which would end last if started last);
+    ``sizes`` are the tasks' sub-graphs' operators. Never raises: a candidate that fails here
+    fails again where it is measured, which says why; a pool that cannot start leaves every
+    compile to the worker."""
     processes = min(processes, len(tasks))
     if processes < 2:
         return Warmed()
     import cloudpickle  # as the worker is sent its tasks: a backend's functions may be lambdas
 
     started = time.perf_counter()
-    tasks = sorted(tasks, key=lambda task: -_ops(task.func))
+    order = sorted(range(len(tasks)), key=lambda k: -sizes[k])
+    tasks, sizes = [tasks[k] for k in order], [sizes[k] for k in order]
     threads = str(max(1, (processes_here() + 1) // processes))
     try:
         with ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), _set_env, (COMPILE_THREADS, threads)) as pool:
@@ -63,11 +65,7 @@ def warm(tasks: list[MeasureTask], processes: int) -> Warmed:
         return Warmed()
     slowest = max(range(len(tasks)), key=lambda k: done[k][1])
     return Warmed(sum(ok for ok, _ in done), processes, time.perf_counter() - started, done[slowest][1],
-                  _ops(tasks[slowest].func))  # fmt: skip
-
-
-def _ops(func) -> int:
-    return sum(len(block.bindings) for block in func.body.blocks)
+                  sizes[slowest])  # fmt: skip
 
 
 def _set_env(name: str, value: str) -> None:
