@@ -19,15 +19,16 @@ packages are kept beside inductor's own cache (the least recently used going pas
 ``PACKAGE_CACHE_BYTES``), named by a hash of the graph, its weights, its inputs' shapes, the
 precision and the device (``_package``), so the compile pool
 (``measuring.warm``) builds each once and the worker measuring it, the assembled module and
-an exported one loading later only load it. A bfloat16 package is exported from the graph
-under ``torch.autocast`` in its ``forward`` (``_exported``): export records the casts autocast
-makes, which an autocast around the call would not reach inside a package.
+an exported one loading later only load it. A bfloat16 or float16 package is exported from
+the graph under ``torch.autocast`` in its ``forward`` (``_exported``): export records the
+casts autocast makes, which an autocast around the call would not reach inside a package.
 
 The kernel reads TVM's buffers through DLPack, runs on TVM's current stream and copies its
 outputs into the caller's buffers there (``patterns.torch_stream``): graph-safe. Bound to
 fixed buffers (``Kernel.bound``), it is recorded once as a CUDA graph and replayed.
 Precision: float32 with TF32 off in cuDNN and cuBLAS, as TVM computes; with an accuracy
-budget, also TF32 (tensor cores, 10-bit mantissa products) and bfloat16 (``torch.autocast``).
+budget, also TF32 (tensor cores, 10-bit mantissa products), bfloat16 and float16
+(``torch.autocast``).
 """
 
 import contextlib
@@ -46,8 +47,13 @@ from collage.patterns.fusion import never_fuse
 from collage.candidates.backend import GRAPH_LEVEL, Backend, installed_version
 from collage.candidates.fx_convert import convertible, to_fx
 from collage.candidates.pattern import PatternRule
-from collage.candidates.precision import BFLOAT16, FLOAT32, TF32
+from collage.candidates.precision import BFLOAT16, FLOAT16, FLOAT32, TF32
 from collage.candidates.static import dtype_of, static_shape
+
+# The precisions computed under ``torch.autocast`` (named as torch names their dtypes): its
+# matmuls and convolutions in them on tensor cores, the ops that need float32's range or
+# accuracy (softmax, norms, sums, exp) kept in float32.
+AUTOCAST = (BFLOAT16, FLOAT16)
 
 
 def probe(target: str) -> str | None:
@@ -62,8 +68,8 @@ def _settings(precision: str, device: str):
     import torch
 
     stack = _tf32_settings(precision)
-    if precision == BFLOAT16:
-        stack.enter_context(torch.autocast(device, dtype=torch.bfloat16))
+    if precision in AUTOCAST:
+        stack.enter_context(torch.autocast(device, dtype=getattr(torch, precision)))
     return stack
 
 
@@ -124,12 +130,12 @@ def _package(module, examples: list, device: str, precision: str):
 
 
 def _exported(module, precision: str, device: str):
-    """What a package is exported from: ``module``, or for bfloat16 ``module`` under
-    ``torch.autocast`` in its ``forward``, which export records (as a higher-order op that
-    inductor lowers to the casts autocast makes)."""
+    """What a package is exported from: ``module``, or for bfloat16 and float16 ``module``
+    under ``torch.autocast`` in its ``forward``, which export records (as a higher-order op
+    that inductor lowers to the casts autocast makes)."""
     import torch
 
-    if precision != BFLOAT16:
+    if precision not in AUTOCAST:
         return module
 
     class Autocast(torch.nn.Module):
@@ -138,7 +144,7 @@ def _exported(module, precision: str, device: str):
             self.inner = module
 
         def forward(self, *args):
-            with torch.autocast(device, dtype=torch.bfloat16):
+            with torch.autocast(device, dtype=getattr(torch, precision)):
                 return self.inner(*args)
 
     return Autocast()
@@ -275,7 +281,7 @@ BACKEND = Backend(
     requires=("torch", "triton"),
     probe=probe,
     library=f"inductor in PyTorch {installed_version('torch')} (torch.compile)",
-    precisions=lambda target: (TF32, BFLOAT16),
+    precisions=lambda target: (TF32, *AUTOCAST),
     graph_safe=True,
     compile_cache=True,
 )

@@ -18,7 +18,7 @@ synchronization. Each peer is built and checked on its own: one that fails is re
 (``PRECISION``, set before anything is built). ``--energy`` optimizes a model again with
 ``objective="energy"`` on NVML's counter (each candidate metered while timed) and reports it
 beside ``objective="time"``. ``--accuracy E`` optimizes each model again with ``accuracy=E``
-(TF32 and bf16 offered where the libraries compute them) and races it against torch's peers at
+(TF32, bf16 and fp16 offered where the libraries compute them) and races it against torch's peers at
 their own defaults, each with its error (``accuracy_entry``). The GPU's name, driver and library versions go with the results.
 """
 

@@ -12,7 +12,7 @@ from collage.backends import tvm as tvm_backend
 
 from collage.candidates.backend import cuda_graph_blocker
 from collage.candidates.generate import PART_SUFFIX, REGION_SUFFIX, generate
-from collage.candidates.precision import BFLOAT16, FLOAT32, TF32
+from collage.candidates.precision import BFLOAT16, FLOAT16, FLOAT32, TF32
 from collage.measuring.arrays import Reference, empty_outputs, mismatch, random_inputs, relative_error, to_tensors
 from collage.measuring.build import run_reference, synchronized
 from collage.model.graph import DataflowGraph
@@ -36,10 +36,10 @@ def test_it_offers_regions_only_and_the_whole_model_among_them():
     assert len(candidates) <= 1 + 2 * 4  # the region and its parts at up to four cuts
 
 
-def test_it_serves_cuda_graph_safe_in_three_precisions():
+def test_it_serves_cuda_graph_safe_in_four_precisions():
     assert BACKEND.targets == ("cuda",) and BACKEND.unavailable_reason("llvm") == "does not serve target 'llvm'"
     assert cuda_graph_blocker([BACKEND, cudnn.BACKEND, cublas.BACKEND, tvm_backend.BACKEND]) is None
-    assert BACKEND.reduced_precisions("cuda") == (TF32, BFLOAT16)
+    assert BACKEND.reduced_precisions("cuda") == (TF32, BFLOAT16, FLOAT16)
     assert cudnn.BACKEND.reduced_precisions("cuda") == cublas.BACKEND.reduced_precisions("cuda") == (TF32,)
 
 
@@ -88,16 +88,20 @@ def test_the_users_program_compiles_whole_in_place_of_main_on_the_cpu():
         checked_on_program(imported.mod, DataflowGraph(func), BACKEND, imported.program, wrong, "llvm", 2)
 
 
-def test_bfloat16_is_computed_in_bfloat16_by_a_package_exported_under_autocast(tmp_path, monkeypatch):
+def test_bfloat16_and_float16_are_computed_in_them_by_packages_exported_under_autocast(tmp_path, monkeypatch):
     import torch._inductor
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(torch, "compile", None)  # a package, or nothing
     func = models.load("mlp", small=True).relax["main"]
-    actual, expected = run_kernel(func, precision=BFLOAT16)
-    assert actual[0].dtype == np.float32  # the caller's float32 buffers, all the same
-    assert 1e-5 < relative_error(actual, expected) < 5e-2
-    assert len(list(tmp_path.glob("collage-packages/*.pt2"))) == 1
+    errors = {}
+    for precision in (BFLOAT16, FLOAT16):
+        actual, expected = run_kernel(func, precision=precision)
+        assert actual[0].dtype == np.float32  # the caller's float32 buffers, all the same
+        errors[precision] = relative_error(actual, expected)
+    # Each rounds its products' inputs, float16 to 10 bits of mantissa, bfloat16 to 7.
+    assert 1e-6 < errors[FLOAT16] < errors[BFLOAT16] / 2 and errors[BFLOAT16] < 5e-2, errors
+    assert len(list(tmp_path.glob("collage-packages/*.pt2"))) == 2
 
 
 # ------------------------------------------------------------------ on a GPU

@@ -8,14 +8,16 @@ its candidates in them too; the budget then decides, by measurement, which are k
 (AVX512_BF16 or AMX): elsewhere a library converts it in software, slower than float32.
 int8 (weights quantized ahead, activations at run time) is offered where the CPU has
 integer dot products libraries use (AVX2; VNNI makes them faster). On a GPU, TF32 is offered
-by the libraries that run float32 on tensor cores (cuDNN, cuBLAS, inductor), bfloat16 by
-inductor.
+by the libraries that run float32 on tensor cores (cuDNN, cuBLAS, inductor), bfloat16 and
+float16 by inductor (``torch.autocast``): the same tensor-core speed, float16 with 10 bits of
+mantissa where bfloat16 has 7, so within a budget more often, bfloat16 with float32's range.
 """
 
 from __future__ import annotations
 
 FLOAT32 = "float32"
 BFLOAT16 = "bfloat16"
+FLOAT16 = "float16"
 INT8 = "int8"
 # float32 tensors multiplied on tensor cores with 10-bit mantissas (NVIDIA's TF32), summed in
 # float32: cuDNN's and cuBLAS's float32 kernels where the caller allows it (Ampere and later).
@@ -58,5 +60,5 @@ def precision_argument(precision: str) -> dict:
 
 
 def short(precision: str) -> str:
-    """The short name reports use: f32, bf16, int8."""
-    return {FLOAT32: "f32", BFLOAT16: "bf16", TF32: "tf32"}.get(precision, precision)
+    """The short name reports use: f32, bf16, f16, tf32, int8."""
+    return {FLOAT32: "f32", BFLOAT16: "bf16", FLOAT16: "f16", TF32: "tf32"}.get(precision, precision)
