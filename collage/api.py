@@ -321,6 +321,10 @@ def _confirmed(chosen: FinalistName, note: str | None, finalists: dict, race, st
     second = confirm.runner_up(race, finalists, chosen)
     if second is None:
         return chosen, note
+    needless = confirm.needless(finalists, (chosen, second), config.target, model.backends)
+    if needless is not None:
+        record.confirmation = f"not raced again in fresh processes: {needless}"
+        return chosen, note
     file = model.onnx_model if any(n.kind is FinalistKind.ENGINE_ON_FILE for n in (chosen, second)) else None
     request = functools.partial(confirm.request_for, finalists=finalists, module=model.prepared, steps=steps,
                                 onnx_model=file, reference=model.reference, target=config.target,

@@ -110,6 +110,24 @@ def test_kernel_backends_of_an_assembly():
     assert kernel_backends(Assembly(), {"cudnn": cudnn.BACKEND}) == {"collage_0.1.cudnn": cudnn.BACKEND}
 
 
+def test_finalists_run_as_cuda_graphs_are_not_raced_again_in_fresh_processes():
+    """That race guards against the optimizing process's host threads; a GPU finalist run
+    as CUDA graphs is timed on the device. One launched kernel by kernel is raced again."""
+    from types import SimpleNamespace
+
+    from collage.choosing.confirm import needless
+
+    def finalist(backend):
+        part = SimpleNamespace(backend=backend)
+        return SimpleNamespace(assembly=SimpleNamespace(module=between_tvm_ops(), kernels=[(part, KERNEL, None)]))
+
+    backends = {"cudnn": cudnn.BACKEND, "tensorrt": tensorrt.BACKEND}
+    finalists = {"a": finalist("cudnn"), "b": finalist("cudnn"), "c": finalist("tensorrt")}
+    assert needless(finalists, ("a", "b"), SM90, backends).startswith("on the GPU both run as CUDA graphs")
+    assert needless(finalists, ("a", "c"), SM90, backends) is None
+    assert needless(finalists, ("a", "b"), "llvm", backends) is None
+
+
 # ------------------------------------------------------------------ TVM's pass, on the CPU
 
 
