@@ -209,6 +209,7 @@ def optimize_with(
     measurer = Measurer(BackendSet(usable), config, log, meter)
     measurer.measure_all(candidates, progress=config.progress)
     record.measured, record.compiled_ahead = measurer.measured, measurer.warmed
+    record.measuring_by_backend, record.values_s = dict(measurer.seconds_by_backend), measurer.values_s
     record.skipped, record.timed_out = dict(Counter(measurer.skipped.values())), measurer.timed_out
     record.distinct = len({measurer.key(c) for c in candidates})
     seconds.measure = time.perf_counter() - t

@@ -2,6 +2,7 @@
 and its errors. Small zoo models and small hand-built ones keep it quick."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -187,6 +188,11 @@ def test_report_names_partitions_shares_and_times(tmp_path):
         assert expected in text
     for p in opt.placement:
         assert p.pattern in text
+    # Where measuring's time went: each backend's candidates, and the values they ran on.
+    (measuring,) = [line for line in text.splitlines() if line.startswith("measuring's ")]
+    assert set(opt.record.measuring_by_backend) == {"tvm", "numpy"} and opt.record.values_s > 0
+    assert re.search(r"tvm \d+\.\d s", measuring) and "numpy" in measuring and "the model's values" in measuring
+    assert sum(opt.record.measuring_by_backend.values()) + opt.record.values_s <= opt.record.seconds.measure
 
 
 def test_params_are_bound_by_name(tmp_path):

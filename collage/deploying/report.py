@@ -51,11 +51,17 @@ def dominant_tvm_ops(partitions) -> list[str]:
     ]
 
 
-def _compiled_ahead_text(warmed) -> str:
-    if not warmed.compiled:
-        return ""
-    return (f", of which {warmed.seconds:.1f} s compiling {warmed.compiled} candidate(s) ahead in "
-            f"{warmed.processes} processes, the slowest {warmed.slowest_s:.1f} s ({warmed.slowest_ops} ops)")
+def measuring_text(r) -> str | None:
+    """Where measuring's time went (a ``RunRecord``'s): each backend's candidates, the model's
+    values and the compile pool; None when nothing was measured."""
+    parts = [f"{backend} {seconds:.1f} s" for backend, seconds in sorted(r.measuring_by_backend.items(), key=lambda kv: -kv[1])]
+    if r.values_s:
+        parts.append(f"the model's values {r.values_s:.1f} s")
+    warmed = r.compiled_ahead
+    if warmed.compiled:
+        parts.append(f"compiling {warmed.compiled} candidate(s) ahead {warmed.seconds:.1f} s ({warmed.processes} processes, "
+                     f"the slowest {warmed.slowest_s:.1f} s, {warmed.slowest_ops} ops)")
+    return f"measuring's {r.seconds.measure:.1f} s: {', '.join(parts)}" if parts else None
 
 
 def _skipped_text(skipped: dict[str, int]) -> str:
@@ -211,11 +217,13 @@ def format_report(opt) -> str:
             f"optimization: {r.candidates} candidates ({r.distinct} distinct), "
             f"{r.measured} measured now, {_skipped_text(r.skipped)}{_timed_out_text(r.timed_out)}the rest from the cost log; "
             f"{r.seconds.total:.1f} s in all "
-            f"(measuring {r.seconds.measure:.1f} s{_compiled_ahead_text(r.compiled_ahead)}, "
+            f"(measuring {r.seconds.measure:.1f} s, "
             f"placing {r.seconds.place:.1f} s, assembling and checking {r.seconds.assemble:.1f} s, "
             f"timing the finalists {r.seconds.final_timing:.1f} s)"
             + ("" if r.exact else "; placement searched at the lowest frontier node only (state cap)")
         )
+        if (measuring := measuring_text(r)) is not None:
+            lines.append(measuring)
     if opt.fallbacks:
         lines += ["", "fell back to tvm:"]
         lines += [f"  {p.backend} {p.pattern} [{ops_text(p.ops)}]: {reason}" for p, reason in opt.fallbacks]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -91,6 +92,11 @@ class Measurer:
         self.meter = meter  # with a meter, every cost has the energy of a call too
         self.measured = 0
         self.warmed = Warmed()  # what the compile pool did (``_warm``)
+        # Where measuring's time went, where the runner measures one work at a time: seconds
+        # from each backend's works being sent to their results back (compiling, checking and
+        # timing its candidates, probing its transition), and computing the model's values.
+        self.seconds_by_backend: dict[str, float] = {}
+        self.values_s = 0.0
         self.skipped: dict[LogKey, str] = {}  # not measured, by which rule (``SearchBound``); never logged
         self.timed_out = 0  # candidates that overran the runner's deadline; never logged
         self._costs: dict[LogKey, Cost] = {}
@@ -193,10 +199,12 @@ class Measurer:
         draws its own inputs)."""
         if self._values_of is not None:
             graph, self._values_of = self._values_of, None
+            started = time.perf_counter()
             try:
                 values = intermediate_values(graph, self.seed)
             except Exception:  # noqa: BLE001 -- TVM cannot run the whole graph: each candidate draws its own
                 values = None
+            self.values_s += time.perf_counter() - started
             if values is not None:
                 self._values = (graph, values)
         return self._values
@@ -270,10 +278,17 @@ class Measurer:
 
         first_transition = len(works)
         works += [self._transition_task(b) for b in transitions]
+        in_turn = getattr(self.runner, "servers", None) is None  # a fleet measures several at once
+        last = time.perf_counter()
 
         def done(index: int, result) -> None:
+            nonlocal last
+            now = time.perf_counter()
+            backend = transitions[index - first_transition] if index >= first_transition else sent[index][0][0].backend
+            if in_turn:
+                self.seconds_by_backend[backend] = self.seconds_by_backend.get(backend, 0.0) + now - last
+            last = now
             if index >= first_transition:
-                backend = transitions[index - first_transition]
                 self._keep_transition(backend, self.log.put(self.transition_key(backend), result.cost))
                 return
             results = result if isinstance(result, list) else [result]
