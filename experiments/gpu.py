@@ -1,7 +1,7 @@
 """Collage on a CUDA GPU: ``optimize(target="cuda")`` end to end, against the GPU's own peers.
 
     python -m experiments.gpu --model kws_dscnn resnet50 bert [--energy kws_dscnn] [--accuracy 1e-2]
-                              [--cost-log PATH] [--out experiments/results/gpu.json]
+                              [--accuracy-only] [--cost-log PATH] [--out experiments/results/gpu.json]
 
 For each model: ``collage.optimize`` with every backend that serves ``cuda`` here (cuDNN and
 cuBLAS through PyTorch, TVM's CUDA codegen, inductor; TensorRT where it is installed), its
@@ -19,7 +19,11 @@ synchronization. Each peer is built and checked on its own: one that fails is re
 ``objective="energy"`` on NVML's counter (each candidate metered while timed) and reports it
 beside ``objective="time"``. ``--accuracy E`` optimizes each model again with ``accuracy=E``
 (TF32, bf16 and fp16 offered where the libraries compute them) and races it against torch's peers at
-their own defaults, each with its error (``accuracy_entry``). The GPU's name, driver and library versions go with the results.
+their own defaults, each with its error (``accuracy_entry``), and against the best float32 peer
+through collage's float32 module, timed in both races (``over_best_float32_peer``);
+``--accuracy-only`` does only that, for models whose float32 rows from this GPU are in
+``--out`` already (a lent GPU's time is short). The GPU's name, driver and library versions go
+with the results.
 """
 
 from __future__ import annotations
@@ -161,6 +165,7 @@ def run_model(name: str, entry: dict, save, cost_log: str, energy: bool, accurac
     save()
     if accuracy is not None:
         entry["accuracy"] = accuracy_entry(w, reference, opt, accuracy, cost_log)
+        entry["accuracy"].update(over_best_float32_peer(entry))
         save()
     if energy:
         entry["energy"] = energy_beside_time(w, cost_log)
@@ -229,6 +234,30 @@ def accuracy_entry(w: models.Workload, reference, float32_opt, accuracy: float, 
     return entry
 
 
+def over_best_float32_peer(entry: dict) -> dict:
+    """collage's module within the budget against the best float32 peer of ``entry``'s float32
+    race, through collage's float32 module, timed in both races (so the two races may come
+    from two runs on one GPU)."""
+    best, ms, budget_ms = entry.get("best_peer"), entry.get("ms", {}), entry["accuracy"].get("ms", {})
+    if best is None or "collage" not in ms or not {"collage", "collage float32"} <= set(budget_ms):
+        return {}
+    ratio = ms[best] / ms["collage"] * budget_ms["collage float32"] / budget_ms["collage"]
+    return {"best_float32_peer": best, "speedup_over_best_float32_peer": round(ratio, 3)}
+
+
+def accuracy_only(name: str, entry: dict, save, cost_log: str, accuracy: float) -> None:
+    """``--accuracy-only``: ``entry`` (a model's float32 row from this GPU) given its
+    ``accuracy`` entry; its float32 optimization is read back from the cost log and its
+    float32 race is not run again."""
+    import collage
+
+    w = models.load(name)
+    opt = collage.optimize(w.relax, target="cuda", cost_log=cost_log, progress=False)
+    entry["accuracy"] = accuracy_entry(w, w.reference(), opt, accuracy, cost_log)
+    entry["accuracy"].update(over_best_float32_peer(entry))
+    save()
+
+
 def energy_beside_time(w: models.Workload, cost_log: str) -> dict:
     """``objective="energy"`` beside ``objective="time"``: each optimization's choice, and its
     time and energy per inference as its finalists measured them (NVML)."""
@@ -261,7 +290,11 @@ def main(argv=None) -> None:
                         help="also optimize(accuracy=E), raced against torch's peers at their defaults")
     parser.add_argument("--no-torch-entry", action="store_true",
                         help="optimize the Relax module only, not the torch module too")
+    parser.add_argument("--accuracy-only", action="store_true",
+                        help="with --accuracy: only the accuracy entries, of models whose float32 rows from this GPU are in --out")
     args = parser.parse_args(argv)
+    if args.accuracy_only and args.accuracy is None:
+        parser.error("--accuracy-only needs --accuracy E")
     float32_everywhere()  # before any contender is built
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results["machine"] = gpu_info()
@@ -273,6 +306,20 @@ def main(argv=None) -> None:
 
     for name in args.model:
         print(f"== {name}", flush=True)
+        if args.accuracy_only:
+            row = results.get(name, {})
+            if row.get("gpu") != results["machine"]["gpu"] or "ms" not in row:
+                print(f"{name}: no float32 row from this GPU ({results['machine']['gpu']}) in {args.out}: "
+                      "run it without --accuracy-only first", flush=True)
+                continue
+            try:
+                accuracy_only(name, row, save, args.cost_log, args.accuracy)
+            except Exception as err:
+                traceback.print_exc()
+                row["accuracy"] = {"error": one_line(err)}
+            save()
+            print(json.dumps(row["accuracy"], indent=1, default=str), flush=True)
+            continue
         results[name] = {"gpu": results["machine"]["gpu"]}  # rows of one file may come from several GPUs
         try:
             run_model(name, results[name], save, args.cost_log, name in args.energy, args.accuracy,

@@ -1,0 +1,17 @@
+"""``experiments.gpu``'s arithmetic, which needs no GPU: the speed-up within an accuracy
+budget over the best float32 peer, through collage's float32 module timed in both races."""
+
+from experiments.gpu import over_best_float32_peer
+
+
+def test_the_speedup_within_a_budget_is_over_the_best_float32_peer_through_collage_float32():
+    # float32 race: torch.compile 2.5 ms, collage 2.0; budget race: collage float32 2.1, collage 1.0.
+    row = {"best_peer": "torch.compile", "ms": {"collage": 2.0, "torch.compile": 2.5, "torch": 5.0},
+           "accuracy": {"ms": {"collage": 1.0, "collage float32": 2.1, "torch.compile (default)": 1.2}}}
+    assert over_best_float32_peer(row) == {"best_float32_peer": "torch.compile", "speedup_over_best_float32_peer": 2.625}
+
+
+def test_without_both_races_there_is_no_such_speedup():
+    assert over_best_float32_peer({"accuracy": {"ms": {"collage": 1.0}}}) == {}
+    no_float32_module = {"best_peer": "torch", "ms": {"collage": 2.0, "torch": 5.0}, "accuracy": {"ms": {"collage": 1.0}}}
+    assert over_best_float32_peer(no_float32_module) == {}
