@@ -198,6 +198,7 @@ def optimize_with(
         return _unplaced(model, config, record, started)
 
     race = functools.partial(_race, model=model, config=config, meter=meter, record=record)
+    seconds.prepare = time.perf_counter() - started
     t = time.perf_counter()
     candidates = generate(graph, usable, record.capped)
     offered = policy.reduced_precisions(usable, config, record)

@@ -188,7 +188,8 @@ def test_report_names_partitions_shares_and_times(tmp_path):
         assert expected in text
     for p in opt.placement:
         assert p.pattern in text
-    # Where measuring's time went: each backend's candidates, and the values they ran on.
+    # Where the time went: each stage, then measuring's by backend and the values they ran on.
+    assert re.search(r"s in all \(preparing \d+\.\d s, generating \d+\.\d s, measuring \d+\.\d s, placing", text)
     (measuring,) = [line for line in text.splitlines() if line.startswith("measuring's ")]
     assert set(opt.record.measuring_by_backend) == {"tvm", "numpy"} and opt.record.values_s > 0
     assert re.search(r"tvm \d+\.\d s", measuring) and "numpy" in measuring and "the model's values" in measuring

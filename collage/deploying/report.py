@@ -51,6 +51,16 @@ def dominant_tvm_ops(partitions) -> list[str]:
     ]
 
 
+def _stages_text(seconds) -> str:
+    """Each stage's seconds (``StageSeconds``); those a run may skip only where it ran them."""
+    stages = [("preparing", seconds.prepare), ("generating", seconds.generate), ("measuring", seconds.measure),
+              ("the substitution search", seconds.substitute), ("placing", seconds.place),
+              ("assembling and checking", seconds.assemble), ("the graph-level search", seconds.graph_level),
+              ("timing the finalists", seconds.final_timing)]  # fmt: skip
+    optional = {"the substitution search", "the graph-level search"}
+    return ", ".join(f"{name} {s:.1f} s" for name, s in stages if s >= 0.05 or name not in optional)
+
+
 def measuring_text(r) -> str | None:
     """Where measuring's time went (a ``RunRecord``'s): each backend's candidates, the model's
     values and the compile pool; None when nothing was measured."""
@@ -216,10 +226,7 @@ def format_report(opt) -> str:
         lines.append(
             f"optimization: {r.candidates} candidates ({r.distinct} distinct), "
             f"{r.measured} measured now, {_skipped_text(r.skipped)}{_timed_out_text(r.timed_out)}the rest from the cost log; "
-            f"{r.seconds.total:.1f} s in all "
-            f"(measuring {r.seconds.measure:.1f} s, "
-            f"placing {r.seconds.place:.1f} s, assembling and checking {r.seconds.assemble:.1f} s, "
-            f"timing the finalists {r.seconds.final_timing:.1f} s)"
+            f"{r.seconds.total:.1f} s in all ({_stages_text(r.seconds)})"
             + ("" if r.exact else "; placement searched at the lowest frontier node only (state cap)")
         )
         if (measuring := measuring_text(r)) is not None:
