@@ -236,10 +236,11 @@ def optimize_with(
     t = time.perf_counter()
     stage(f"assembling and checking {len(placements)} placement(s)")
     reference = model.reference
-    finalists = {
-        name: assemble_and_check(graph, placement, reference, backend_set, target, threads, config.accuracy)
-        for name, placement in placements.items()
-    }  # fmt: skip
+    finalists = {}
+    for name, placement in placements.items():
+        built = time.perf_counter()
+        finalists[name] = assemble_and_check(graph, placement, reference, backend_set, target, threads, config.accuracy)
+        record.assembled_s[str(name)] = time.perf_counter() - built
     for engine, name in alone.items():
         # An engine alone that had to fall back is no longer that engine alone (and all-TVM
         # placements of a large model take seconds a call to time).
@@ -253,20 +254,28 @@ def optimize_with(
             why = f"fell back to float32: {fallbacks[0][1]}" if fallbacks else "uses no reduced-precision candidate"
             record.left_out[str(name)] = f"{name} {why}"
     if substituted is not None:
+        built = time.perf_counter()
         finalists[SUBSTITUTED] = _substituted_finalist(
             substituted, measurer, usable, reference, backend_set, config
         )
+        record.assembled_s[str(SUBSTITUTED)] = time.perf_counter() - built
     if model.onnx_model is not None:
         stage("running the ONNX file on each engine")
+        built = time.perf_counter()
         finalists.update(policy.engines_on_file(original, graph, usable, model.onnx_model, reference, config, offered,
                                           record.left_out))  # fmt: skip
+        record.assembled_s["the engines on the ONNX file"] = time.perf_counter() - built
     if model.program is not None:
+        built = time.perf_counter()
         finalists.update(policy.engines_on_program(original, graph, usable, model.program, reference, config,
                                                    offered, record.left_out))  # fmt: skip
+        record.assembled_s["the engines on the PyTorch module"] = time.perf_counter() - built
     errors = {}
     if config.accuracy is not None:
+        built = time.perf_counter()
         repair = functools.partial(policy.repaired, graph=graph, costs=measurer, backends=backend_set, config=config)
         errors = policy.within_budget(finalists, model, config, record, repair)
+        record.assembled_s["holding them to the budget"] = time.perf_counter() - built
     seconds.assemble = time.perf_counter() - t
 
     if config.graph_level:

@@ -108,6 +108,7 @@ class RunRecord:
     compiled_ahead: Warmed = Warmed()  # what the compile pool did before measuring
     measuring_by_backend: dict[str, float] = field(default_factory=dict)  # backend -> seconds its candidates took
     values_s: float = 0.0  # seconds computing the model's values (the candidates' inputs and references)
+    assembled_s: dict[str, float] = field(default_factory=dict)  # finalist, or a step of assembling -> its seconds
     skipped: dict[str, int] = field(default_factory=dict)  # search-bound rule -> candidates not measured
     timed_out: int = 0  # candidates that overran the runner's deadline: not logged, measured again next time
     exact: bool = True  # whether every DP search was exact (no state cap)

@@ -194,6 +194,8 @@ def test_report_names_partitions_shares_and_times(tmp_path):
     assert set(opt.record.measuring_by_backend) == {"tvm", "numpy"} and opt.record.values_s > 0
     assert re.search(r"tvm \d+\.\d s", measuring) and "numpy" in measuring and "the model's values" in measuring
     assert sum(opt.record.measuring_by_backend.values()) + opt.record.values_s <= opt.record.seconds.measure
+    assert set(opt.record.assembled_s) >= {"op-level"} and "assembling and checking's " in text
+    assert sum(opt.record.assembled_s.values()) <= opt.record.seconds.assemble
 
 
 def test_params_are_bound_by_name(tmp_path):

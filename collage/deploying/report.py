@@ -231,6 +231,9 @@ def format_report(opt) -> str:
         )
         if (measuring := measuring_text(r)) is not None:
             lines.append(measuring)
+        if r.assembled_s:
+            steps = ", ".join(f"{name} {s:.1f} s" for name, s in r.assembled_s.items())
+            lines.append(f"assembling and checking's {r.seconds.assemble:.1f} s: {steps}")
     if opt.fallbacks:
         lines += ["", "fell back to tvm:"]
         lines += [f"  {p.backend} {p.pattern} [{ops_text(p.ops)}]: {reason}" for p, reason in opt.fallbacks]
