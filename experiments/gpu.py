@@ -164,7 +164,8 @@ def run_model(name: str, entry: dict, save, cost_log: str, energy: bool, accurac
     entry.update(_race(builders | peers(w), reference))
     save()
     if accuracy is not None:
-        entry["accuracy"] = accuracy_entry(w, reference, lambda: opt, accuracy, cost_log)
+        entry["accuracy"] = {}
+        accuracy_entry(w, reference, lambda: opt, accuracy, cost_log, entry["accuracy"], save)
         entry["accuracy"].update(over_best_float32_peer(entry))
         save()
     if energy:
@@ -209,20 +210,24 @@ def _race(builders: dict, reference) -> dict:
     return found
 
 
-def accuracy_entry(w: models.Workload, reference, float32_module, accuracy: float, cost_log: str) -> dict:
-    """``optimize(accuracy=E)`` against torch's peers at their own defaults (cuDNN in TF32,
-    as torch ships), in one race with collage's float32 module (``float32_module()``, asked
-    for after the optimization, whose float32 candidates it then reads from the log); each
-    with its error. The speed-up over the best float32 peer is taken through collage's
-    float32 module, timed in both races."""
+def accuracy_entry(w: models.Workload, reference, float32_module, accuracy: float, cost_log: str, entry: dict,
+                   save) -> None:  # fmt: skip
+    """``entry`` filled with ``optimize(accuracy=E)`` against torch's peers at their own
+    defaults (cuDNN in TF32, as torch ships), in one race with collage's float32 module
+    (``float32_module()``, asked for after the optimization, whose float32 candidates it then
+    reads from the log); each with its error; ``save``d after the optimization and after the
+    race. The speed-up over the best float32 peer is taken through collage's float32 module,
+    timed in both races."""
     import tvm
 
     import collage
 
     started = time.perf_counter()
     opt = collage.optimize(w.relax, target="cuda", cost_log=cost_log, accuracy=accuracy)
-    entry: dict = {"budget": accuracy, "optimize_s": round(time.perf_counter() - started, 1), **_chosen(opt)}
-    print(opt.report(), flush=True)
+    entry.update({"budget": accuracy, "optimize_s": round(time.perf_counter() - started, 1), **_chosen(opt),
+                  "report": opt.report()})  # fmt: skip
+    print(entry["report"], flush=True)
+    save()
     float32_opt = float32_module()
     tensors = [tvm.runtime.tensor(t.numpy(), tvm.cuda()) for t in w.inputs]
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False  # torch's defaults
@@ -233,7 +238,7 @@ def accuracy_entry(w: models.Workload, reference, float32_module, accuracy: floa
         entry.update(_race(builders, reference))
     finally:
         float32_everywhere()
-    return entry
+    save()
 
 
 def over_best_float32_peer(entry: dict) -> dict:
@@ -255,7 +260,8 @@ def accuracy_only(name: str, entry: dict, save, cost_log: str, accuracy: float) 
 
     w = models.load(name)
     float32_module = functools.partial(collage.optimize, w.relax, target="cuda", cost_log=cost_log, progress=False)
-    entry["accuracy"] = accuracy_entry(w, w.reference(), float32_module, accuracy, cost_log)
+    entry["accuracy"] = {}
+    accuracy_entry(w, w.reference(), float32_module, accuracy, cost_log, entry["accuracy"], save)
     entry["accuracy"].update(over_best_float32_peer(entry))
     save()
 
@@ -318,9 +324,9 @@ def main(argv=None) -> None:
                 accuracy_only(name, row, save, args.cost_log, args.accuracy)
             except Exception as err:
                 traceback.print_exc()
-                row["accuracy"] = {"error": one_line(err)}
+                row.setdefault("accuracy", {})["error"] = one_line(err)  # beside what it measured
             save()
-            print(json.dumps(row["accuracy"], indent=1, default=str), flush=True)
+            print(json.dumps({k: v for k, v in row["accuracy"].items() if k != "report"}, indent=1, default=str), flush=True)
             continue
         results[name] = {"gpu": results["machine"]["gpu"]}  # rows of one file may come from several GPUs
         try:
