@@ -60,8 +60,8 @@ class TvmPass:
 DEFAULT_STEPS: tuple[Step, ...] = (
     # Inlines tuples and aliases (TupleGetItem of a known tuple), so patterns see the values.
     TvmPass("CanonicalizeBindings", transform.CanonicalizeBindings, count=bindings_removed),
-    # Clean-up runs before the rewrites: rewrite_call drops duplicate and dead bindings of a
-    # function it changes, which would credit this work to whichever rewrite came first.
+    # Clean-up runs before the rewrites: a rewrite drops the dead bindings of a function it
+    # changes (``PatternRewrite``), which would credit this work to whichever came first.
     TvmPass("EliminateCommonSubexpr", transform.EliminateCommonSubexpr),
     TvmPass("DeadCodeElimination", transform.DeadCodeElimination),
     TE_CALLS_AS_OPS,  # before FoldConstant, which then folds what guarded them (Clip's isnan/where)
