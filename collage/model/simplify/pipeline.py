@@ -20,7 +20,7 @@ from tvm.relax import transform
 
 from .batch_norm import (BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, FOLD_SCALE_INTO_MATMUL, MERGE_CONSTANT_ADDS,
                          SCALE_BEFORE_BIAS)
-from .constants import FOLD_ARANGE, FOLD_INDEX_TENSOR
+from .constants import FOLD_ARANGE, FOLD_INDEX_TENSOR, FOLD_PERMUTE_DIMS
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE
 from .idioms import (CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_ON_ALL_AXES, MATRIX_WEIGHT, MERGE_CLIPS,
                      TE_CALLS_AS_OPS, WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
@@ -68,7 +68,8 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     WRAP_NEGATIVE_TAKE_INDICES,  # before FoldConstant, which would fold a take of constants wrong
     FOLD_ARANGE,
     FOLD_INDEX_TENSOR,
-    TvmPass("FoldConstant", transform.FoldConstant),  # also pre-transposes constant matmul operands
+    FOLD_PERMUTE_DIMS,  # a constant matmul operand's transpose, before FoldConstant folds the rest
+    TvmPass("FoldConstant", transform.FoldConstant),
     CLIP_FROM_MAX_MIN,
     MERGE_CLIPS,
     BATCH_NORM_TO_AFFINE,
