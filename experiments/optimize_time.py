@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results" / "optimize_time.json"
-STAGES = ("generate", "measure", "place", "assemble", "total")  # collage.record.StageSeconds
+STAGES = ("prepare", "generate", "measure", "place", "assemble", "final_timing", "total")  # collage.record.StageSeconds
 
 
 RUNNERS = ("worker", "in-process")
