@@ -64,42 +64,47 @@ class PatternRewrite:
         them once an iteration (``EliminateCommonSubexpr``)."""
         single_use = single_use_values(func)
         values = relax.analysis.get_var2val(func)
-        replacements = {}
+        replacements, bound = {}, {}  # bound: value -> variable, of the bindings before this one
         for block in func.body.blocks:
             for binding in block.bindings:
-                if not isinstance(binding, relax.VarBinding) or isinstance(binding.value, relax.Var):
-                    continue  # an alias matches through the variable it names: that binding's match
-                matches = self.pattern.extract_matched_expr(binding.value, values)
-                if matches is None:
-                    continue
-                replacement = self.replace(matches, single_use)
-                if replacement is not None and not replacement.same_as(binding.value):
-                    replacements[binding.var] = replacement
+                replacement = self._replacement(binding, values, single_use)
+                if replacement is not None:
+                    replacements[binding.var] = _reading_variables(replacement, bound)
+                if isinstance(binding.value, (relax.Call, relax.Tuple, relax.TupleGetItem)):
+                    bound[binding.value] = binding.var
         if not replacements:
             return func, 0
-        bound = {value: var for var, value in values.items()}
-        replacements = {var: _reading_variables(value, bound, var) for var, value in replacements.items()}
         return relax.analysis.remove_all_unused(_Rebound(replacements).visit_expr(func)), len(replacements)
 
+    def _replacement(self, binding: relax.Binding, values: dict, single_use: set) -> relax.Expr | None:
+        """What ``binding``'s value is to be replaced by, or None."""
+        if not isinstance(binding, relax.VarBinding) or isinstance(binding.value, relax.Var):
+            return None  # an alias matches through the variable it names: that binding's match
+        matches = self.pattern.extract_matched_expr(binding.value, values)
+        if matches is None:
+            return None
+        replacement = self.replace(matches, single_use)
+        return None if replacement is None or replacement.same_as(binding.value) else replacement
 
-def _reading_variables(expr: relax.Expr, bound: dict, own: relax.Var) -> relax.Expr:
-    """``expr`` (a replacement for ``own``'s value) reading the variable of each value in it
-    that is bound already (``bound``: value -> variable). A replacement is built from what
-    the pattern matched through variables: their values, not the variables; left so, a
-    convolution another operator also reads would be computed twice."""
+
+def _reading_variables(expr: relax.Expr, bound: dict) -> relax.Expr:
+    """``expr`` (a replacement) reading the variable of each value in it that is bound
+    before it (``bound``: value -> variable). A replacement is built from what the pattern
+    matched through variables: their values, not the variables; left so, a convolution
+    another operator also reads would be computed twice."""
     var = bound.get(expr)
-    if var is not None and not var.same_as(own):
+    if var is not None:
         return var
     if isinstance(expr, relax.Call):
-        args = [_reading_variables(arg, bound, own) for arg in expr.args]
+        args = [_reading_variables(arg, bound) for arg in expr.args]
         if all(new.same_as(old) for new, old in zip(args, expr.args)):
             return expr
         return relax.Call(expr.op, args, expr.attrs, expr.ty_args)
     if isinstance(expr, relax.Tuple):
-        fields = [_reading_variables(field_, bound, own) for field_ in expr.fields]
+        fields = [_reading_variables(field_, bound) for field_ in expr.fields]
         return expr if all(new.same_as(old) for new, old in zip(fields, expr.fields)) else relax.Tuple(fields)
     if isinstance(expr, relax.TupleGetItem):
-        value = _reading_variables(expr.tuple_value, bound, own)
+        value = _reading_variables(expr.tuple_value, bound)
         return expr if value.same_as(expr.tuple_value) else relax.TupleGetItem(value, expr.index)
     return expr
 
