@@ -48,6 +48,24 @@ def test_time_call_reports_median_spread_and_samples():
     assert 0.0 <= cost.spread_ms < cost.median_ms
 
 
+def test_a_first_call_far_above_the_ceiling_is_the_whole_timing():
+    """A candidate twice as slow as the cheapest whole-model candidate (``Timing.ceiling_ms``)
+    by its first call is timed by that call: no placement using it could win."""
+    from collage.measuring.timing import over_ceiling
+
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.02)
+
+    cost = time_call(slow, Timing(min_samples=5, ceiling_ms=5.0))
+    assert len(calls) == 1 and cost.samples == 1 and cost.median_ms >= 20.0
+    assert time_call(slow, Timing(min_samples=5, max_samples=5, ceiling_ms=15.0)).samples == 5  # under twice: as usual
+    assert over_ceiling(30.0, Timing(ceiling_ms=10.0)).median_ms == 30.0 and over_ceiling(30.0, Timing()) is None
+    assert over_ceiling(30.0, Timing(ceiling_ms=10.0), meter=object()) is None  # energy needs the samples
+
+
 def test_time_call_stops_at_its_budget():
     start = time.perf_counter()
     cost = time_call(lambda: time.sleep(0.01), Timing(min_samples=3, max_samples=1000, rel_spread=0.0, budget_s=0.1))
@@ -176,6 +194,32 @@ def test_candidates_no_winning_placement_would_use_are_not_measured_nor_logged(t
     again = measurer(tmp_path, NUMPY, runner=InProcess())
     again.measure_all(candidates, progress=False)
     assert again.measured == 0 and len(again.skipped) == 5 and runs == []
+
+
+def test_tvm_candidates_are_timed_under_the_cheapest_whole_model_candidates_ceiling(tmp_path):
+    """Whole-model candidates are measured first; TVM's batches then carry the cheapest one's
+    cost as their timing's ceiling (``Timing.ceiling_ms``)."""
+
+    class Recording(InProcess):
+        def __init__(self):
+            self.sent = []
+
+        def run(self, task):
+            self.sent.append((task.backend.name, getattr(task, "timing", Timing()).ceiling_ms))
+            return super().run(task)
+
+        def run_batch(self, tasks):
+            self.sent += [(task.backend.name, task.timing.ceiling_ms) for task in tasks]
+            return super().run_batch(tasks)
+
+    graph = DataflowGraph.from_module(Unary)
+    runner = Recording()
+    m = measurer(tmp_path, NUMPY, runner=runner)
+    candidates = generate(graph, m.backends)
+    m.measure_all(candidates, progress=False)
+    (whole,) = [c for c in candidates if c.backend == "numpy" and len(c.subgraph) == len(graph)]
+    assert runner.sent[0] == ("numpy", None) and m.ceiling_ms == m.cost(whole).median_ms
+    assert {ceiling for backend, ceiling in runner.sent if backend == "tvm"} == {m.ceiling_ms}
 
 
 def test_a_runner_of_several_servers_gets_a_batch_for_each(tmp_path):

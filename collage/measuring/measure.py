@@ -19,6 +19,7 @@ The measurer also serves each backend's transition cost (``transition.py``), log
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -92,6 +93,7 @@ class Measurer:
         self.meter = meter  # with a meter, every cost has the energy of a call too
         self.measured = 0
         self.warmed = Warmed()  # what the compile pool did (``_warm``)
+        self.ceiling_ms: float | None = None  # the cheapest whole-model candidate's cost, once measured
         # Where measuring's time went, where the runner measures one work at a time: seconds
         # from each backend's works being sent to their results back (compiling, checking and
         # timing its candidates, probing its transition), and computing the model's values.
@@ -225,8 +227,12 @@ class Measurer:
         with tqdm(total=len(todo), desc="measuring", unit="candidate", disable=not progress or not todo,
                   file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5) as bar:
             # Whole-model candidates first: what they cost bounds the rest, as the transitions
-            # do, which are measured beside them (on a fleet, at once).
-            self._measure_many(batches + [c for c in alone if _whole(c)], bar, self._missing_transitions(todo))
+            # do, which are measured beside them (on a fleet, at once). A candidate then slower
+            # than the cheapest of them by far is timed by one call (``Timing.ceiling_ms``).
+            whole = [c for c in alone if _whole(c)]
+            self._measure_many(whole, bar, self._missing_transitions(todo))
+            self.ceiling_ms = self._cheapest_whole_ms(candidates)
+            self._measure_many(batches, bar)
             rest = [c for c in alone if not _whole(c)]
             bound = SearchBound.of(candidates, self) if rest else None
             measured = []
@@ -239,6 +245,12 @@ class Measurer:
                 self._costs[self.key(c)] = Cost.invalid(skip.reason)
                 bar.update()
             self._measure_many(measured, bar)
+
+    def _cheapest_whole_ms(self, candidates: list[Candidate]) -> float | None:
+        """The cost of the cheapest float32 whole-model candidate known so far (a reduced
+        precision may yet miss the budget), or None where none is valid."""
+        costs = [self._costs.get(self.key(c)) for c in candidates if _whole(c) and c.precision == FLOAT32]
+        return min((cost.median_ms for cost in costs if cost is not None and cost.is_valid), default=None)
 
     def _warm(self, candidates: list[Candidate]) -> None:
         """``candidates`` compiled first, in parallel processes (``warm``), where they are
@@ -347,14 +359,15 @@ class Measurer:
             return Cost.invalid(str(err))
         graph, values = self._graph_values()
         reduced = {} if candidate.precision == FLOAT32 else {"precision": candidate.precision, "rtol": self.accuracy}
+        timing = self.timing if self.ceiling_ms is None else dataclasses.replace(self.timing, ceiling_ms=self.ceiling_ms)
         if candidate.subgraph.graph is not graph:
-            return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed, self.timing,
+            return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed, timing,
                                self._references.get(tvm_ffi.structural_hash(func)), self.meter, **reduced)
         # Read off the whole graph's values; TVM's own kernels are the reference, unchecked.
         inputs = [values[value] for value in candidate.subgraph.arguments()]
         reference = None if backend.name == REFERENCE_BACKEND else [values[graph[i].var] for i in candidate.subgraph.outputs]
         return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed,
-                           self.timing, reference, self.meter, inputs, **reduced)  # fmt: skip
+                           timing, reference, self.meter, inputs, **reduced)  # fmt: skip
 
     def _result(self, task: MeasureTask, result: MeasureResult) -> Cost:
         """The cost in ``result``, keeping the reference outputs it brings for later tasks."""

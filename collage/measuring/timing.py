@@ -39,11 +39,35 @@ class Timing:
     rel_spread: float = 0.05
     min_sample_ms: float = 1.0
     budget_s: float = 2.0
+    # A candidate whose first call takes more than CEILING_FACTOR times this is timed by that
+    # call alone (``over_ceiling``): the cheapest whole-model candidate's cost, set once those
+    # are measured. No placement using it can beat that candidate, so its cost decides nothing;
+    # BERT-base's untuned TVM products took 2-2.6 s a call, and timing each as the rest (ten
+    # calls and more) took half of its optimization on a 2-core Xeon.
+    ceiling_ms: float | None = None
+
+
+# Twice the ceiling: a first call slower than the steady state by as much as that (a cold
+# cache, a lazy allocation) still leaves its candidate costlier than the whole-model one.
+CEILING_FACTOR = 2.0
+
+
+def over_ceiling(first_ms: float, timing: Timing, meter: EnergyMeter | None = None) -> Cost | None:
+    """The cost of a candidate whose first call took ``first_ms``, where that call alone is
+    its timing (``Timing.ceiling_ms``); None where it is to be timed as usual (and always with
+    a meter, whose energy per call needs the samples)."""
+    if meter is None and timing.ceiling_ms is not None and first_ms > CEILING_FACTOR * timing.ceiling_ms:
+        return Cost.of(first_ms, samples=1)
+    return None
 
 
 def time_call(call: Callable[[], None], timing: Timing = Timing(), meter: EnergyMeter | None = None) -> Cost:
     """Median and interquartile range, in ms, of one ``call()``; with a ``meter``, also the
     energy of one call: the counter's difference over all the timed calls, divided by them."""
+    start = time.perf_counter()
+    call()
+    if (capped := over_ceiling((time.perf_counter() - start) * 1e3, timing, meter)) is not None:
+        return capped
     # Warm-up in rounds of at least ``warmup`` calls and ``warmup_s``, until a round's time
     # per call is within ``rel_spread`` of the round before it (no longer falling).
     start, previous = time.perf_counter(), math.inf
@@ -101,7 +125,10 @@ def time_captured(call: Callable[[], None], timing: Timing = Timing(), meter: En
     call()  # lazy set-up (workspaces, handles) happens outside the capture
     torch.cuda.synchronize()
     one = captured(1)
-    once = min(replay_ms(one) for _ in range(max(timing.warmup, 3)))
+    first_ms = replay_ms(one)
+    if (capped := over_ceiling(first_ms, timing, meter)) is not None:
+        return capped
+    once = min(first_ms, *(replay_ms(one) for _ in range(max(timing.warmup, 3) - 1)))
     number = max(1, min(MAX_CAPTURED_CALLS, math.ceil(timing.min_sample_ms / max(once, 1e-4))))
     graph = one if number == 1 else captured(number)
     replay_ms(graph)  # warm
