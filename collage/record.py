@@ -111,6 +111,7 @@ class RunRecord:
     assembled_s: dict[str, float] = field(default_factory=dict)  # finalist, or a step of assembling -> its seconds
     skipped: dict[str, int] = field(default_factory=dict)  # search-bound rule -> candidates not measured
     timed_out: int = 0  # candidates that overran the runner's deadline: not logged, measured again next time
+    timed_once: int = 0  # candidates timed by one call: over twice the cheapest whole-model candidate (Timing.ceiling_ms)
     exact: bool = True  # whether every DP search was exact (no state cap)
     engine_blockers: dict[str, str] = field(default_factory=dict)  # engine -> the ops it cannot take
     left_out: dict[str, str] = field(default_factory=dict)  # a finalist that could not be: why

@@ -63,6 +63,7 @@ def test_a_first_call_far_above_the_ceiling_is_the_whole_timing():
     assert len(calls) == 1 and cost.samples == 1 and cost.median_ms >= 20.0
     assert time_call(slow, Timing(min_samples=5, max_samples=5, ceiling_ms=15.0)).samples == 5  # under twice: as usual
     assert over_ceiling(30.0, Timing(ceiling_ms=10.0)).median_ms == 30.0 and over_ceiling(30.0, Timing()) is None
+    assert over_ceiling(5.0, Timing(ceiling_ms=0.1)) is None  # under CEILING_FLOOR_MS: timed as usual
     assert over_ceiling(30.0, Timing(ceiling_ms=10.0), meter=object()) is None  # energy needs the samples
 
 
@@ -196,7 +197,7 @@ def test_candidates_no_winning_placement_would_use_are_not_measured_nor_logged(t
     assert again.measured == 0 and len(again.skipped) == 5 and runs == []
 
 
-def test_tvm_candidates_are_timed_under_the_cheapest_whole_model_candidates_ceiling(tmp_path):
+def test_tvm_candidates_are_timed_under_the_cheapest_whole_model_candidates_ceiling(tmp_path, monkeypatch):
     """Whole-model candidates are measured first; TVM's batches then carry the cheapest one's
     cost as their timing's ceiling (``Timing.ceiling_ms``)."""
 
@@ -220,6 +221,16 @@ def test_tvm_candidates_are_timed_under_the_cheapest_whole_model_candidates_ceil
     (whole,) = [c for c in candidates if c.backend == "numpy" and len(c.subgraph) == len(graph)]
     assert runner.sent[0] == ("numpy", None) and m.ceiling_ms == m.cost(whole).median_ms
     assert {ceiling for backend, ceiling in runner.sent if backend == "tvm"} == {m.ceiling_ms}
+    # Under a ceiling of a nanosecond every candidate measured after the whole-model one is
+    # timed by one call, and counted so.
+    from collage.measuring import timing
+
+    monkeypatch.setattr(timing, "CEILING_FLOOR_MS", 0.0)  # these kernels take microseconds
+    again = measurer(tmp_path / "again", NUMPY, runner=InProcess())
+    again._cheapest_whole_ms = lambda candidates: 1e-6
+    again.measure_all(candidates, progress=False)
+    after = [c for c in candidates if c is not whole]
+    assert again.timed_once == len(after) and all(again.cost(c).samples == 1 for c in after)
 
 
 def test_a_runner_of_several_servers_gets_a_batch_for_each(tmp_path):

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from ..candidates.precision import FLOAT32, short
 from ..choosing.finalists import MAX_OTHERS_BUSY
+from ..measuring.timing import CEILING_FLOOR_MS
 from ..record import OP_LEVEL, FinalistKind, FinalistName, FinalistResult, RunRecord
 
 MAX_OPS_SHOWN = 4
@@ -79,6 +80,14 @@ def _skipped_text(skipped: dict[str, int]) -> str:
     if not skipped:
         return ""
     return f"{sum(skipped.values())} not measured ({'; '.join(f'{n}: {rule}' for rule, n in skipped.items())}), "
+
+
+def _timed_once_text(timed_once: int) -> str:
+    """Candidates timed by one call: no placement using one could beat the cheapest
+    whole-model candidate (``Timing.ceiling_ms``)."""
+    if not timed_once:
+        return ""
+    return f" ({timed_once} by one call: over twice the cheapest whole-model candidate, and {CEILING_FLOOR_MS:g} ms)"
 
 
 def _timed_out_text(timed_out: int) -> str:
@@ -225,7 +234,8 @@ def format_report(opt) -> str:
     if r.candidates:
         lines.append(
             f"optimization: {r.candidates} candidates ({r.distinct} distinct), "
-            f"{r.measured} measured now, {_skipped_text(r.skipped)}{_timed_out_text(r.timed_out)}the rest from the cost log; "
+            f"{r.measured} measured now{_timed_once_text(r.timed_once)}, {_skipped_text(r.skipped)}{_timed_out_text(r.timed_out)}"
+            "the rest from the cost log; "
             f"{r.seconds.total:.1f} s in all ({_stages_text(r.seconds)})"
             + ("" if r.exact else "; placement searched at the lowest frontier node only (state cap)")
         )

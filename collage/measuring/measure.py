@@ -40,7 +40,7 @@ from .isolation import shared_worker
 from .warm import Warmed, processes_here, warm
 from .meters import EnergyMeter
 from .build import intermediate_values
-from .timing import Timing
+from .timing import Timing, over_ceiling
 from .transition import TransitionTask
 
 TRANSITION = "transition"  # the pattern name of the transition-cost row in the log
@@ -94,6 +94,7 @@ class Measurer:
         self.measured = 0
         self.warmed = Warmed()  # what the compile pool did (``_warm``)
         self.ceiling_ms: float | None = None  # the cheapest whole-model candidate's cost, once measured
+        self.timed_once = 0  # candidates timed by their first call alone, over the ceiling (``over_ceiling``)
         # Where measuring's time went, where the runner measures one work at a time: seconds
         # from each backend's works being sent to their results back (compiling, checking and
         # timing its candidates, probing its transition), and computing the model's values.
@@ -373,6 +374,8 @@ class Measurer:
         """The cost in ``result``, keeping the reference outputs it brings for later tasks."""
         if result.reference is not None:
             self._references[tvm_ffi.structural_hash(task.func)] = result.reference
+        if over_ceiling(result.cost.median_ms, task.timing, task.meter) is not None and result.cost.samples == 1:
+            self.timed_once += 1
         return result.cost
 
 

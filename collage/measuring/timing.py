@@ -39,8 +39,8 @@ class Timing:
     rel_spread: float = 0.05
     min_sample_ms: float = 1.0
     budget_s: float = 2.0
-    # A candidate whose first call takes more than CEILING_FACTOR times this is timed by that
-    # call alone (``over_ceiling``): the cheapest whole-model candidate's cost, set once those
+    # A candidate whose first call takes more than CEILING_FACTOR times this (and at least
+    # CEILING_FLOOR_MS) is timed by that call alone (``over_ceiling``): the cheapest whole-model candidate's cost, set once those
     # are measured. No placement using it can beat that candidate, so its cost decides nothing;
     # BERT-base's untuned TVM products took 2-2.6 s a call, and timing each as the rest (ten
     # calls and more) took half of its optimization on a 2-core Xeon.
@@ -50,13 +50,16 @@ class Timing:
 # Twice the ceiling: a first call slower than the steady state by as much as that (a cold
 # cache, a lazy allocation) still leaves its candidate costlier than the whole-model one.
 CEILING_FACTOR = 2.0
+# And no less than this: a shorter first call is cheap to time as usual, and its own overheads
+# (first touches of memory, cold caches) can be most of it (the MLP's untuned TVM products).
+CEILING_FLOOR_MS = 10.0
 
 
 def over_ceiling(first_ms: float, timing: Timing, meter: EnergyMeter | None = None) -> Cost | None:
     """The cost of a candidate whose first call took ``first_ms``, where that call alone is
     its timing (``Timing.ceiling_ms``); None where it is to be timed as usual (and always with
     a meter, whose energy per call needs the samples)."""
-    if meter is None and timing.ceiling_ms is not None and first_ms > CEILING_FACTOR * timing.ceiling_ms:
+    if meter is None and timing.ceiling_ms is not None and first_ms > max(CEILING_FACTOR * timing.ceiling_ms, CEILING_FLOOR_MS):
         return Cost.of(first_ms, samples=1)
     return None
 
