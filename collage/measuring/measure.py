@@ -374,7 +374,8 @@ class Measurer:
         """The cost in ``result``, keeping the reference outputs it brings for later tasks."""
         if result.reference is not None:
             self._references[tvm_ffi.structural_hash(task.func)] = result.reference
-        if over_ceiling(result.cost.median_ms, task.timing, task.meter) is not None and result.cost.samples == 1:
+        cost = result.cost
+        if cost.is_valid and cost.samples == 1 and over_ceiling(cost.median_ms, task.timing, task.meter) is not None:
             self.timed_once += 1
         return result.cost
 
