@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -239,9 +240,8 @@ def optimize_with(
     reference = model.reference
     finalists = {}
     for name, placement in placements.items():
-        built = time.perf_counter()
-        finalists[name] = assemble_and_check(graph, placement, reference, backend_set, target, threads, config.accuracy)
-        record.assembled_s[str(name)] = time.perf_counter() - built
+        with _seconds_into(record.assembled_s, str(name)):
+            finalists[name] = assemble_and_check(graph, placement, reference, backend_set, target, threads, config.accuracy)
     for engine, name in alone.items():
         # An engine alone that had to fall back is no longer that engine alone (and all-TVM
         # placements of a large model take seconds a call to time).
@@ -255,28 +255,22 @@ def optimize_with(
             why = f"fell back to float32: {fallbacks[0][1]}" if fallbacks else "uses no reduced-precision candidate"
             record.left_out[str(name)] = f"{name} {why}"
     if substituted is not None:
-        built = time.perf_counter()
-        finalists[SUBSTITUTED] = _substituted_finalist(
-            substituted, measurer, usable, reference, backend_set, config
-        )
-        record.assembled_s[str(SUBSTITUTED)] = time.perf_counter() - built
+        with _seconds_into(record.assembled_s, str(SUBSTITUTED)):
+            finalists[SUBSTITUTED] = _substituted_finalist(substituted, measurer, usable, reference, backend_set, config)
     if model.onnx_model is not None:
         stage("running the ONNX file on each engine")
-        built = time.perf_counter()
-        finalists.update(policy.engines_on_file(original, graph, usable, model.onnx_model, reference, config, offered,
-                                          record.left_out))  # fmt: skip
-        record.assembled_s["the engines on the ONNX file"] = time.perf_counter() - built
+        with _seconds_into(record.assembled_s, "the engines on the ONNX file"):
+            finalists.update(policy.engines_on_file(original, graph, usable, model.onnx_model, reference, config,
+                                                    offered, record.left_out))  # fmt: skip
     if model.program is not None:
-        built = time.perf_counter()
-        finalists.update(policy.engines_on_program(original, graph, usable, model.program, reference, config,
-                                                   offered, record.left_out))  # fmt: skip
-        record.assembled_s["the engines on the PyTorch module"] = time.perf_counter() - built
+        with _seconds_into(record.assembled_s, "the engines on the PyTorch module"):
+            finalists.update(policy.engines_on_program(original, graph, usable, model.program, reference, config,
+                                                       offered, record.left_out))  # fmt: skip
     errors = {}
     if config.accuracy is not None:
-        built = time.perf_counter()
         repair = functools.partial(policy.repaired, graph=graph, costs=measurer, backends=backend_set, config=config)
-        errors = policy.within_budget(finalists, model, config, record, repair)
-        record.assembled_s["holding them to the budget"] = time.perf_counter() - built
+        with _seconds_into(record.assembled_s, "holding them to the budget"):
+            errors = policy.within_budget(finalists, model, config, record, repair)
     seconds.assemble = time.perf_counter() - t
 
     if config.graph_level:
@@ -324,6 +318,16 @@ def optimize_with(
     if chosen == SUBSTITUTED:
         record.substituted = [list(step) for step in substituted.applied]  # how to rebuild its graph
     return _optimized_module(model, config, finalists[chosen], measured[chosen], record, started)
+
+
+@contextlib.contextmanager
+def _seconds_into(seconds: dict[str, float], name: str):
+    """``seconds[name]``: how long the block took (``RunRecord.assembled_s``)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[name] = time.perf_counter() - started
 
 
 def _confirmed(chosen: FinalistName, note: str | None, finalists: dict, race, steps: dict, model: Model, config: Config,

@@ -377,7 +377,7 @@ class Measurer:
         cost = result.cost
         if cost.is_valid and cost.samples == 1 and over_ceiling(cost.median_ms, task.timing, task.meter) is not None:
             self.timed_once += 1
-        return result.cost
+        return cost
 
 
 TVM_CHEAPER = "TVM runs the same ops for less than entering the backend costs"

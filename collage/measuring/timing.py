@@ -39,11 +39,12 @@ class Timing:
     rel_spread: float = 0.05
     min_sample_ms: float = 1.0
     budget_s: float = 2.0
-    # A candidate whose first call takes more than CEILING_FACTOR times this (and at least
-    # CEILING_FLOOR_MS) is timed by that call alone (``over_ceiling``): the cheapest whole-model candidate's cost, set once those
-    # are measured. No placement using it can beat that candidate, so its cost decides nothing;
-    # BERT-base's untuned TVM products took 2-2.6 s a call, and timing each as the rest (ten
-    # calls and more) took half of its optimization on a 2-core Xeon.
+    # The cheapest whole-model candidate's cost, set once those are measured: a candidate
+    # whose first call takes more than CEILING_FACTOR times this (and CEILING_FLOOR_MS) is
+    # timed by that call alone (``over_ceiling``). No placement using it can beat that
+    # candidate, so its cost decides nothing; BERT-base's untuned TVM products took 2-2.6 s a
+    # call, and timing each as the rest (ten calls and more) took half of its optimization on
+    # a 2-core Xeon.
     ceiling_ms: float | None = None
 
 
