@@ -1,7 +1,7 @@
 """Collage on a CUDA GPU: ``optimize(target="cuda")`` end to end, against the GPU's own peers.
 
     python -m experiments.gpu --model kws_dscnn resnet50 bert [--energy kws_dscnn] [--accuracy 1e-2]
-                              [--accuracy-only] [--cost-log PATH] [--out experiments/results/gpu.json]
+                              [--accuracy-only] [--stacks DIR] [--cost-log PATH] [--out experiments/results/gpu.json]
 
 For each model: ``collage.optimize`` with every backend that serves ``cuda`` here (cuDNN and
 cuBLAS through PyTorch, TVM's CUDA codegen, inductor; TensorRT where it is installed), its
@@ -29,9 +29,11 @@ with the results.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.metadata
 import json
+import signal
 import time
 import traceback
 from pathlib import Path
@@ -298,6 +300,8 @@ def main(argv=None) -> None:
                         help="also optimize(accuracy=E), raced against torch's peers at their defaults")
     parser.add_argument("--no-torch-entry", action="store_true",
                         help="optimize the Relax module only, not the torch module too")
+    parser.add_argument("--stacks", type=Path, metavar="DIR",
+                        help="sample this process's stacks per model, into DIR/<model>.txt (where the seconds go)")
     parser.add_argument("--accuracy-only", action="store_true",
                         help="with --accuracy: only the accuracy entries, of models whose float32 rows from this GPU are in --out")
     args = parser.parse_args(argv)
@@ -312,31 +316,60 @@ def main(argv=None) -> None:
     def save():
         args.out.write_text(json.dumps(results, indent=1, default=str))
 
+    signal.signal(signal.SIGTERM, _exit_on_term)  # a call's time limit still writes the stacks sampled
     for name in args.model:
         print(f"== {name}", flush=True)
-        if args.accuracy_only:
-            row = results.get(name, {})
-            if row.get("gpu") != results["machine"]["gpu"] or "ms" not in row:
-                print(f"{name}: no float32 row from this GPU ({results['machine']['gpu']}) in {args.out}: "
-                      "run it without --accuracy-only first", flush=True)
-                continue
-            try:
-                accuracy_only(name, row, save, args.cost_log, args.accuracy)
-            except Exception as err:
-                traceback.print_exc()
-                row.setdefault("accuracy", {})["error"] = one_line(err)  # beside what it measured
-            save()
-            print(json.dumps({k: v for k, v in row["accuracy"].items() if k != "report"}, indent=1, default=str), flush=True)
-            continue
-        results[name] = {"gpu": results["machine"]["gpu"]}  # rows of one file may come from several GPUs
+        with _stacks_into(args.stacks, f"{name}.accuracy" if args.accuracy_only else name):
+            _one_model(name, results, save, args)
+
+
+def _one_model(name: str, results: dict, save, args) -> None:
+    """``name``'s row of ``results`` measured (or with ``--accuracy-only`` its accuracy entry
+    added), ``save``d stage by stage."""
+    if args.accuracy_only:
+        row = results.get(name, {})
+        if row.get("gpu") != results["machine"]["gpu"] or "ms" not in row:
+            print(f"{name}: no float32 row from this GPU ({results['machine']['gpu']}) in {args.out}: "
+                  "run it without --accuracy-only first", flush=True)
+            return
         try:
-            run_model(name, results[name], save, args.cost_log, name in args.energy, args.accuracy,
-                      not args.no_torch_entry)
+            accuracy_only(name, row, save, args.cost_log, args.accuracy)
         except Exception as err:
             traceback.print_exc()
-            results[name]["error"] = one_line(err)
+            row.setdefault("accuracy", {})["error"] = one_line(err)  # beside what it measured
         save()
-        print(json.dumps({k: v for k, v in results[name].items() if k != "report"}, indent=1, default=str), flush=True)
+        print(json.dumps({k: v for k, v in row["accuracy"].items() if k != "report"}, indent=1, default=str), flush=True)
+        return
+    results[name] = {"gpu": results["machine"]["gpu"]}  # rows of one file may come from several GPUs
+    try:
+        run_model(name, results[name], save, args.cost_log, name in args.energy, args.accuracy,
+                  not args.no_torch_entry)
+    except Exception as err:
+        traceback.print_exc()
+        results[name]["error"] = one_line(err)
+    save()
+    print(json.dumps({k: v for k, v in results[name].items() if k != "report"}, indent=1, default=str), flush=True)
+
+
+def _exit_on_term(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _stacks_into(directory: Path | None, name: str):
+    """The block's stacks sampled (``experiments.stacks``) and written to
+    ``directory/name.txt``, also when it is cut off; nothing without a directory."""
+    if directory is None:
+        yield
+        return
+    from experiments.stacks import sampled
+
+    with sampled() as stacks:
+        try:
+            yield
+        finally:
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / f"{name}.txt").write_text(stacks.table())
 
 
 if __name__ == "__main__":
