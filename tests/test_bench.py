@@ -10,7 +10,9 @@ import pytest
 from experiments import bench, peers
 
 # A warm-up of exactly two calls, so that a test peer knows which of its calls opens the rounds.
-QUICK = bench.Settings(threads=2, budget_s=1.0, min_reps=3, max_reps=10, warmup_s=0.0)
+# Short blocks and no settling pause: these tests check what the bench records, not how well
+# it times (tests/test_timing.py does); settling took 19 of the MLP's 47 s with every peer.
+QUICK = bench.Settings(threads=2, budget_s=1.0, min_reps=3, max_reps=10, warmup_s=0.0, block_ms=10.0, settle_s=0.0)
 
 
 def run_mlp(tmp_path, peer_fns):
