@@ -186,6 +186,7 @@ def test_candidates_compiled_ahead_in_parallel_processes_are_only_loaded_where_m
     assert (warmed.compiled, warmed.processes) == (2, 2)
     assert 0 < warmed.slowest_s <= warmed.seconds
     assert warmed.slowest_ops in {len(c.subgraph) for c in candidates}
+    assert warmed.slowest_threads >= 1
     assert len(list(tmp_path.glob("collage-packages/*.pt2"))) == 2
 
     def compiles(*args, **kwargs):
@@ -199,6 +200,21 @@ def test_candidates_compiled_ahead_in_parallel_processes_are_only_loaded_where_m
     kernel(*inputs, *outputs)
     assert mismatch([o.numpy() for o in outputs], run_reference(func, arrays)) is None
     assert warm(tasks[:1], [1], processes=2).compiled == 0  # one candidate: compiled where it is measured
+
+
+def test_the_largest_compiles_ahead_have_the_most_compile_threads():
+    """ViT-B's nine inductor candidates on an H100's 16 cores: one compile thread each left the
+    whole model's compile alone on one for 102 of the pool's 112 s. The processes' first
+    (largest) tasks share twice the cores by their operators; later tasks keep their
+    process's."""
+    from collage.measuring.warm import OVERSUBSCRIPTION, compile_threads
+
+    vit = [355, 284, 284, 213, 213, 142, 142, 71, 71]
+    threads = compile_threads(vit, processes=9, cores=16)
+    assert threads == [6, 5, 5, 3, 3, 2, 2, 1, 1]
+    assert sum(threads) <= OVERSUBSCRIPTION * 16
+    assert compile_threads([300, 200, 100, 50], processes=2, cores=3) == [3, 2, 1, 1]
+    assert compile_threads([5, 5], processes=2, cores=2) == [2, 2]
 
 
 def test_the_packages_kept_on_disk_stay_within_their_budget_least_recently_used_first(tmp_path, monkeypatch):

@@ -5,7 +5,8 @@ import math
 
 from collage.measuring.cost import Cost
 from collage.deploying.optimized import OptimizedModule
-from collage.record import OP_LEVEL, FinalistKind, FinalistName, FinalistResult, RunRecord
+from collage.measuring.warm import Warmed
+from collage.record import OP_LEVEL, FinalistKind, FinalistName, FinalistResult, RunRecord, StageSeconds
 
 ON_FILE = FinalistName(FinalistKind.ENGINE_ON_FILE, "openvino")
 
@@ -40,3 +41,11 @@ def test_a_cuda_module_without_graphs_says_why():
     reason = "tensorrt does not declare its kernels graph-safe (on TVM's stream, no host wait)"
     assert f"note: no CUDA graphs, each kernel launched on its own: {reason}" in report(RunRecord(cuda_graph_off=reason))
     assert "CUDA graphs" not in report(RunRecord())
+
+
+def test_the_compile_pool_says_what_its_slowest_compile_took_and_had():
+    record = RunRecord(candidates=821, distinct=67, measured=67, seconds=StageSeconds(measure=182.2),
+                       measuring_by_backend={"inductor": 56.6},
+                       compiled_ahead=Warmed(9, 9, 112.3, 102.4, 355, 6))  # fmt: skip
+    assert ("compiling 9 candidate(s) ahead 112.3 s (9 processes, the slowest 102.4 s, 355 ops, 6 compile thread(s))"
+            in report(record))

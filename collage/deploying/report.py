@@ -71,7 +71,8 @@ def measuring_text(r) -> str | None:
     warmed = r.compiled_ahead
     if warmed.compiled:
         parts.append(f"compiling {warmed.compiled} candidate(s) ahead {warmed.seconds:.1f} s ({warmed.processes} processes, "
-                     f"the slowest {warmed.slowest_s:.1f} s, {warmed.slowest_ops} ops)")
+                     f"the slowest {warmed.slowest_s:.1f} s, {warmed.slowest_ops} ops, "
+                     f"{warmed.slowest_threads} compile thread(s))")
     return f"measuring's {r.seconds.measure:.1f} s: {', '.join(parts)}" if parts else None
 
 
