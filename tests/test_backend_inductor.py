@@ -163,36 +163,67 @@ def test_a_torch_module_on_the_gpu_has_its_own_program_compiled_whole_among_the_
         assert mismatch([actual], [model(x).numpy()]) is None
 
 
+# A user's script as many are written: no ``if __name__ == "__main__":`` guard.
+UNGUARDED_SCRIPT = """
+import dataclasses, json
+import torch
+from collage.backends import inductor
+from collage.candidates.generate import generate
+from collage.measuring.runner import MeasureTask
+from collage.measuring.timing import Timing
+from collage.measuring.warm import warm
+from tests.helpers import zoo_graph
+
+print("the script runs", flush=True)
+on_cpu = dataclasses.replace(inductor.BACKEND, targets=("llvm",), probe=None, requires=("torch",))  # no triton here
+candidates = generate(zoo_graph("mlp", simplified=True), [inductor.BACKEND])[:2]
+tasks = [MeasureTask(on_cpu, c.subgraph.extract(), c.pattern, "llvm", torch.get_num_threads(), 0, Timing())
+         for c in candidates]
+print(json.dumps(dataclasses.asdict(warm(tasks, [len(c.subgraph) for c in candidates], processes=2))))
+"""
+
+
 def test_candidates_compiled_ahead_in_parallel_processes_are_only_loaded_where_measured(tmp_path, monkeypatch):
-    """Inductor's candidates are compiled first by a pool of processes (``measuring.warm``),
+    """Inductor's candidates are compiled first in processes of their own (``measuring.warm``),
     each into an AOTInductor package on disk: the compile where each is then measured loads
-    that package and compiles nothing. Inductor serves CUDA only; compiling C++ for the CPU
-    takes the same path here."""
+    that package and compiles nothing. Those processes never run the user's script again
+    (``multiprocessing``'s would, where it has no main guard). Inductor serves CUDA only;
+    compiling C++ for the CPU takes the same path here."""
     import dataclasses
+    import json
+    import os
+    import subprocess
+    import sys
 
     import torch._inductor
 
     from collage.measuring.runner import MeasureTask
     from collage.measuring.timing import Timing
     from collage.measuring.warm import warm
+    from tests.helpers import ROOT
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    on_cpu = dataclasses.replace(BACKEND, targets=("llvm",), probe=None, requires=("torch",))  # no triton here
-    graph = zoo_graph("mlp", simplified=True)
-    candidates = generate(graph, [BACKEND])[:2]
-    threads = torch.get_num_threads()
-    tasks = [MeasureTask(on_cpu, c.subgraph.extract(), c.pattern, "llvm", threads, 0, Timing()) for c in candidates]
-    warmed = warm(tasks, [len(c.subgraph) for c in candidates], processes=2)
-    assert (warmed.compiled, warmed.processes) == (2, 2)
-    assert 0 < warmed.slowest_s <= warmed.seconds
-    assert warmed.slowest_ops in {len(c.subgraph) for c in candidates}
-    assert warmed.slowest_threads >= 1
+    script = tmp_path / "users_script.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    # Not the suite's quick settings (``subprocess_env``): inductor starts Python processes,
+    # and each would import collage and TVM first, tripling the compiles' time.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ran = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.count("the script runs") == 1, ran.stdout
+    warmed = json.loads(ran.stdout.splitlines()[-1])
+    assert (warmed["compiled"], warmed["processes"]) == (2, 2)
+    assert 0 < warmed["slowest_s"] <= warmed["seconds"] and warmed["slowest_threads"] >= 1
     assert len(list(tmp_path.glob("collage-packages/*.pt2"))) == 2
 
     def compiles(*args, **kwargs):
         raise AssertionError("compiled again where it was to be loaded")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compiles)
+    on_cpu = dataclasses.replace(BACKEND, targets=("llvm",), probe=None, requires=("torch",))
+    candidates = generate(zoo_graph("mlp", simplified=True), [BACKEND])[:2]
+    threads = torch.get_num_threads()
+    tasks = [MeasureTask(on_cpu, c.subgraph.extract(), c.pattern, "llvm", threads, 0, Timing()) for c in candidates]
     func = tasks[0].func
     arrays = random_inputs(func)
     kernel = inductor.compile(func, tasks[0].pattern, "llvm", threads)
@@ -203,10 +234,9 @@ def test_candidates_compiled_ahead_in_parallel_processes_are_only_loaded_where_m
 
 
 def test_the_largest_compiles_ahead_have_the_most_compile_threads():
-    """ViT-B's nine inductor candidates on an H100's 16 cores: one compile thread each left the
-    whole model's compile alone on one for 102 of the pool's 112 s. The processes' first
-    (largest) tasks share twice the cores by their operators; later tasks keep their
-    process's."""
+    """ViT-B's nine inductor candidates on an H100's 16 cores: with one compile thread each,
+    the whole model's compile took 102 of the pool's 112 s. The compiles that start at once
+    share twice the cores by their operators; a later one has its share by the same measure."""
     from collage.measuring.warm import OVERSUBSCRIPTION, compile_threads
 
     vit = [355, 284, 284, 213, 213, 142, 142, 71, 71]
