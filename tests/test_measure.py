@@ -83,9 +83,14 @@ def test_warm_up_lasts_while_calls_still_get_faster_and_no_longer():
     cost = time_call(slow_at_first, Timing(min_samples=5, max_samples=9, budget_s=1.0))
     assert cost.median_ms < 5.0  # the slow first runs were warm-up, not samples
 
-    start, steady = time.perf_counter(), []
-    time_call(lambda: steady.append(time.perf_counter()), Timing(min_samples=5, max_samples=9, budget_s=1.0))
-    assert steady[-1] - start < 0.06  # a steady kernel: two short warm-up rounds, then its samples
+    def steady_timing_s() -> float:
+        start, steady = time.perf_counter(), []
+        time_call(lambda: steady.append(time.perf_counter()), Timing(min_samples=5, max_samples=9, budget_s=1.0))
+        return steady[-1] - start
+
+    # A steady kernel: two short warm-up rounds, then its samples (24 ms here; a fixed warm-up
+    # took 0.1 s). The least of three: a busy moment on a 2-core host once made one 70 ms.
+    assert min(steady_timing_s() for _ in range(3)) < 0.06
 
 
 def measurer(tmp_path, *backends, runner=None):
