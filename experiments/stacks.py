@@ -30,8 +30,7 @@ class Stacks:
     """Samples of one thread's stack: for each function, the seconds it was running
     (``inclusive``) or at the top (``own``)."""
 
-    def __init__(self, interval: float = INTERVAL_S):
-        self.interval = interval
+    def __init__(self):
         self.samples = 0
         self.started = time.perf_counter()
         self.ended: float | None = None  # still sampling while None
@@ -74,7 +73,7 @@ def _name(frame) -> str:
 @contextlib.contextmanager
 def sampled(interval: float = INTERVAL_S):
     """The calling thread's stack sampled every ``interval`` seconds while the block runs."""
-    stacks, target, stop = Stacks(interval), threading.get_ident(), threading.Event()
+    stacks, target, stop = Stacks(), threading.get_ident(), threading.Event()
 
     def sample():
         last = stacks.started

@@ -27,6 +27,7 @@ from typing import NamedTuple
 from .build import compile_kernel
 from .isolation import TIMEOUT_S, WorkerProcess
 from .runner import MeasureTask
+from .threads import default_threads
 
 # Inductor compiles a candidate's kernels in a pool of its own, of this many processes (not part
 # of its cache key), read once, when a process first imports inductor.
@@ -42,7 +43,7 @@ COMPILE_TIMEOUT_S = 2 * TIMEOUT_S
 
 def processes_here() -> int:
     """The cores this process may run on, less one for the rest of the machine's work."""
-    return len(os.sched_getaffinity(0)) - 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) - 1
+    return default_threads() - 1
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def warm(tasks: list[MeasureTask], sizes: list[int], processes: int) -> Warmed:
     started = time.perf_counter()
     order = sorted(range(len(tasks)), key=lambda k: -sizes[k])
     tasks, sizes = [tasks[k] for k in order], [sizes[k] for k in order]
-    threads = compile_threads(sizes, processes, processes_here() + 1)
+    threads = compile_threads(sizes, processes, default_threads())
     with ThreadPoolExecutor(processes) as pool:  # each thread waits on its worker process
         done = list(pool.map(_compiled_apart, tasks, threads))
     slowest = max(range(len(tasks)), key=lambda k: done[k].seconds)
@@ -98,13 +99,14 @@ def _compiled_apart(task: MeasureTask, threads: int) -> _Compile:
     not compiled)."""
     started = time.perf_counter()
     worker = WorkerProcess(task.threads, timeout_s=COMPILE_TIMEOUT_S)
+    compiled, used = False, threads
     try:
-        compiled, threads = worker.call(functools.partial(_compiles, task, threads), COMPILE_TIMEOUT_S)
+        compiled, used = worker.call(functools.partial(_compiles, task, threads), COMPILE_TIMEOUT_S)
     except (RuntimeError, OSError):  # the worker died, overran or could not start
-        compiled = False
+        pass
     finally:
         worker.close()
-    return _Compile(compiled, time.perf_counter() - started, threads)
+    return _Compile(compiled, time.perf_counter() - started, used)
 
 
 def _compiles(task: MeasureTask, threads: int) -> tuple[bool, int]:
