@@ -176,10 +176,10 @@ class ClockMeter:
         return (after[0] - before[0]) * self.watts
 
 
-def coarse(name: str, relative_error: float) -> Backend:
-    """NumPy's element-wise chains, offered in "bfloat16" too, which they compute off by
-    ``relative_error`` of each output's largest magnitude: a library whose reduced precision
-    is as coarse as that, on any CPU."""
+def coarse(name: str, errors: dict[str, float]) -> Backend:
+    """NumPy's element-wise chains, offered in the reduced precisions ``errors`` names too,
+    each computed off by its error relative to each output's largest magnitude: a library
+    whose reduced precisions are as coarse as that, on any CPU."""
 
     def compile_coarse(func, pattern, target, threads, precision="float32"):
         right = compile_elementwise(func, pattern, target, threads)
@@ -189,13 +189,13 @@ def coarse(name: str, relative_error: float) -> Backend:
         def kernel(x, out):
             right(x, out)
             values = np.from_dlpack(out)
-            values += relative_error * np.abs(values).max()
+            values += errors[precision] * np.abs(values).max()
 
         return kernel
 
     return dataclasses.replace(NUMPY, name=name, compile=compile_coarse, rules=(PatternRule(f"{name}.chain", _one_elementwise_op, _chain, max_size=3),),
-                               precisions=lambda target: ("bfloat16",))  # fmt: skip
+                               precisions=lambda target: tuple(errors))  # fmt: skip
 
 
-FINE = coarse("fine", 1e-3)  # within a 1e-2 budget
-TOO_COARSE = coarse("too_coarse", 0.3)  # far outside it
+FINE = coarse("fine", {"bfloat16": 1e-3})  # within a 1e-2 budget
+TOO_COARSE = coarse("too_coarse", {"bfloat16": 0.3})  # far outside it

@@ -250,6 +250,16 @@ def test_the_largest_compiles_ahead_have_the_most_compile_threads():
     assert compile_threads([5, 5], processes=2, cores=2) == [2, 2]
 
 
+def test_two_rounds_of_compiling_ahead_report_as_one():
+    """bfloat16 candidates are compiled ahead in a round after float16's (``measure``): the
+    report's pool line sums both, with the slower round's slowest compile."""
+    from collage.measuring.warm import Warmed
+
+    first, later = Warmed(9, 9, 40.0, 35.0, 100, 6), Warmed(2, 2, 20.0, 18.0, 50, 3)
+    assert first.and_then(later) == Warmed(11, 9, 60.0, 35.0, 100, 6)
+    assert Warmed().and_then(later) == later
+
+
 def test_the_packages_kept_on_disk_stay_within_their_budget_least_recently_used_first(tmp_path, monkeypatch):
     """Packages hold their weights, so the least recently used go past ``PACKAGE_CACHE_BYTES``;
     the one just built and those other processes are still writing stay."""

@@ -19,15 +19,16 @@ from collage.measuring.cost import Cost
 from collage.measuring.arrays import Reference, numpy_outputs, to_tensors
 from collage.model.graph import DataflowGraph
 from collage.placing.placement import Partition, Placement, tvm_op
-from collage.candidates.precision import BFLOAT16, FLOAT32, bf16_unavailable
+from collage.candidates.precision import BFLOAT16, FLOAT16, FLOAT32, bf16_unavailable
 from collage.measuring.cost import cpu_info
 from collage.measuring.cost_log import CostLog
+from collage.measuring.measure import TRANSITION
 from collage.measuring.runner import InProcess
 from collage.measuring.arrays import relative_error
 from collage.measuring.timing import Timing
 from collage.record import FinalistKind, FinalistName
 from experiments import models
-from tests.backends_for_tests import FINE, TOO_COARSE
+from tests.backends_for_tests import FINE, TOO_COARSE, coarse
 from tests.test_optimize import Unary, inputs, run_unoptimized
 
 FAST = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
@@ -70,6 +71,32 @@ def test_a_reduced_precision_too_coarse_for_the_budget_is_rejected_with_its_meas
     assert "no placement in a reduced precision stayed within the budget: float32 kept" in opt.report()
     x, w = inputs()
     np.testing.assert_allclose(opt(x, w), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_is_measured_only_where_float16_misses_the_budget(tmp_path):
+    """bfloat16 runs at float16's speed with three fewer bits of mantissa: a backend offering
+    both has a candidate measured in bfloat16 only where its float16 twin missed the budget
+    (as where float16's range is too small)."""
+    log = CostLog(tmp_path / "c.sqlite")
+    enough = optimize(coarse("halves", {FLOAT16: 1e-3, BFLOAT16: 4e-3}), log, accuracy=1e-2)
+    rows = kernels(log, "halves")
+    assert {r.precision for r in rows} == {FLOAT32, FLOAT16} and all(r.failure is None for r in rows)
+    skipped = enough.record.skipped["a more precise format at the same speed is within the accuracy budget"]
+    assert skipped == sum(r.precision == FLOAT16 for r in rows) and f"{skipped} not measured" in enough.report()
+    again = optimize(coarse("halves", {FLOAT16: 1e-3, BFLOAT16: 4e-3}), log, accuracy=1e-2)  # float16 from the log
+    assert again.record.measured == 0 and len(kernels(log, "halves")) == len(rows)
+
+    out_of_range = optimize(coarse("out_of_range", {FLOAT16: 0.3, BFLOAT16: 4e-3}), log, accuracy=1e-2)
+    rows = kernels(log, "out_of_range")
+    by_precision = {p: [r for r in rows if r.precision == p] for p in (FLOAT16, BFLOAT16)}
+    assert len(by_precision[BFLOAT16]) == len(by_precision[FLOAT16]) > 0
+    assert all(r.failure is not None for r in by_precision[FLOAT16])
+    assert all(r.failure is None for r in by_precision[BFLOAT16]) and not out_of_range.record.skipped
+
+
+def kernels(log: CostLog, backend: str) -> list:
+    """``backend``'s rows of ``log`` less its transition's."""
+    return [r for r in log.rows(backend) if r.pattern != TRANSITION]
 
 
 def test_a_budget_outside_zero_to_one_is_refused(tmp_path):

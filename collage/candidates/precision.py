@@ -10,7 +10,8 @@ int8 (weights quantized ahead, activations at run time) is offered where the CPU
 integer dot products libraries use (AVX2; VNNI makes them faster). On a GPU, TF32 is offered
 by the libraries that run float32 on tensor cores (cuDNN, cuBLAS, inductor), bfloat16 and
 float16 by inductor (``torch.autocast``): the same tensor-core speed, float16 with 10 bits of
-mantissa where bfloat16 has 7, so within a budget more often, bfloat16 with float32's range.
+mantissa where bfloat16 has 7, so within a budget more often, bfloat16 with float32's range:
+a candidate is measured in bfloat16 only where float16 misses (``MEASURED_ONLY_AFTER``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ INT8 = "int8"
 # float32 tensors multiplied on tensor cores with 10-bit mantissas (NVIDIA's TF32), summed in
 # float32: cuDNN's and cuBLAS's float32 kernels where the caller allows it (Ampere and later).
 TF32 = "tfloat32"
+# bfloat16 and float16 run on tensor cores (and AMX-FP16) at one speed and move as many bytes;
+# float16 keeps 10 bits of mantissa where bfloat16 keeps 7. So bfloat16 can win only where
+# float16's range (to 65504) is too small: where a backend offers both, a candidate is measured
+# in bfloat16 only after its float16 twin missed the budget or failed (``measuring.measure``).
+MEASURED_ONLY_AFTER = {BFLOAT16: FLOAT16}
 # The CPU flags (as /proc/cpuinfo spells them) under which bfloat16 is native.
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 

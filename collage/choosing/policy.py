@@ -80,8 +80,11 @@ def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, no
         return None
     whole = next((c for c in regions if len(c.subgraph) == len(graph)), None)
     if whole is not None and costs.cost(whole).is_invalid:
-        notes[backend.name + at] = f"{backend.name}{at} cannot run the whole model: {costs.cost(whole).reason}"
+        notes[backend.name + at] = f"{backend.name}{at} alone is not a finalist: {costs.cost(whole).reason}"
+        regions.remove(whole)
         whole = None
+    if not regions:  # nothing but TVM would be left: the float32 finalists have that placement
+        return None
     if whole is not None:
         name = FinalistName(FinalistKind.ENGINE_ALONE, backend.name, precision=precision)
         same = add(name, Placement(graph, (Partition(whole, costs.cost(whole), costs.transition_ms(backend.name)),)))

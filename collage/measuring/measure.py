@@ -32,7 +32,7 @@ import tvm_ffi
 
 from ..candidates.backend import REFERENCE_BACKEND, BackendSet
 from ..candidates.generate import Candidate
-from ..candidates.precision import FLOAT32
+from ..candidates.precision import FLOAT32, MEASURED_ONLY_AFTER, short
 from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
 from .runner import MeasureResult, MeasureRunner, MeasureTask
@@ -100,7 +100,7 @@ class Measurer:
         # timing its candidates, probing its transition), and computing the model's values.
         self.seconds_by_backend: dict[str, float] = {}
         self.values_s = 0.0
-        self.skipped: dict[LogKey, str] = {}  # not measured, by which rule (``SearchBound``); never logged
+        self.skipped: dict[LogKey, str] = {}  # not measured, by which rule (``Skip``); never logged
         self.timed_out = 0  # candidates that overran the runner's deadline; never logged
         self._costs: dict[LogKey, Cost] = {}
         # The reference backend's outputs of each sub-graph function, by its structural hash
@@ -184,7 +184,9 @@ class Measurer:
         engine alone), then the rest. Candidates of a backend that compiles several at once
         (``Backend.compile_many``) go in batches of ``BATCH``. Candidates of one graph run on
         the values its unoptimized run computes (``runner.intermediate_values``), which are
-        also their reference outputs."""
+        also their reference outputs. A candidate in a precision measured only after another
+        (``precision.MEASURED_ONLY_AFTER``: bfloat16 after float16) waits for its twin in that
+        one, and is skipped where the twin is within the budget."""
         candidates = list(candidates)
         todo = self.missing(candidates)
         graphs = {id(c.subgraph.graph): c.subgraph.graph for c in todo}
@@ -218,6 +220,10 @@ class Measurer:
         def in_batches(c: Candidate) -> bool:  # compile_many compiles float32 only
             return self.backends[c.backend].compile_many is not None and c.precision == FLOAT32
 
+        offered = {self.key(c) for c in candidates}
+        after = {c: twin for c in todo if (twin := self._measured_before(c, offered)) is not None}
+        todo = [c for c in todo if c not in after]
+
         batched: dict[str, list[Candidate]] = {}
         for c in sorted(todo, key=lambda c: c.backend != REFERENCE_BACKEND):
             if in_batches(c):
@@ -225,7 +231,7 @@ class Measurer:
         batches = [batch for same in batched.values() for batch in self._batches(same)]
         alone = [c for c in todo if not in_batches(c)]
         self._warm([c for c in alone if self.backends[c.backend].compile_cache])
-        with tqdm(total=len(todo), desc="measuring", unit="candidate", disable=not progress or not todo,
+        with tqdm(total=len(todo) + len(after), desc="measuring", unit="candidate", disable=not progress or not (todo or after),
                   file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5) as bar:
             # Whole-model candidates first: what they cost bounds the rest, as the transitions
             # do, which are measured beside them (on a fleet, at once). A candidate then slower
@@ -242,10 +248,40 @@ class Measurer:
                 if skip is None:
                     measured.append(c)
                     continue
-                self.skipped[self.key(c)] = skip.rule
-                self._costs[self.key(c)] = Cost.invalid(skip.reason)
+                self._skip(c, skip)
                 bar.update()
             self._measure_many(measured, bar)
+            self._measure_after_twins(after, bar)
+
+    def _measured_before(self, candidate: Candidate, offered: set[LogKey]) -> Candidate | None:
+        """``candidate``'s twin in the precision it is measured only after, where that is
+        ``offered`` too; else None."""
+        first = MEASURED_ONLY_AFTER.get(candidate.precision)
+        twin = None if first is None else dataclasses.replace(candidate, precision=first)
+        return twin if twin is not None and self.key(twin) in offered else None
+
+    def _measure_after_twins(self, after: dict[Candidate, Candidate], bar) -> None:
+        """Each candidate of ``after`` measured where its twin (measured, skipped or logged by
+        now) missed the budget or failed; skipped where the twin is within it, or was skipped."""
+        wanted = []
+        for c, twin in after.items():
+            cost, rule = self.cost(twin), self.skipped.get(self.key(twin))
+            if cost.is_valid:
+                error = "" if cost.error is None else f" (error {cost.error:.2g})"
+                self._skip(c, Skip(PRECISION_ENOUGH, f"not measured: {short(twin.precision)} is within the accuracy "
+                                   f"budget here{error}, at {short(c.precision)}'s speed"))  # fmt: skip
+            elif rule is not None:  # by a search bound that holds for it too
+                self._skip(c, Skip(rule, cost.reason))
+            else:
+                wanted.append(c)
+                continue
+            bar.update()
+        self._warm([c for c in wanted if self.backends[c.backend].compile_cache])
+        self._measure_many(wanted, bar)
+
+    def _skip(self, candidate: Candidate, skip: Skip) -> None:
+        self.skipped[self.key(candidate)] = skip.rule
+        self._costs[self.key(candidate)] = Cost.invalid(skip.reason)
 
     def _cheapest_whole_ms(self, candidates: list[Candidate]) -> float | None:
         """The cost of the cheapest float32 whole-model candidate known so far (a reduced
@@ -260,7 +296,7 @@ class Measurer:
         if len(candidates) < 2 or getattr(self.runner, "fleet", None) is not None:
             return
         tasks = [(task, len(c.subgraph)) for c in candidates if isinstance(task := self._task(c), MeasureTask)]
-        self.warmed = warm([task for task, _ in tasks], [size for _, size in tasks], processes_here())
+        self.warmed = self.warmed.and_then(warm([task for task, _ in tasks], [size for _, size in tasks], processes_here()))
 
     def _batches(self, candidates: list[Candidate]) -> list[list[Candidate]]:
         """``candidates`` in batches of at most ``BATCH``, and at least one per server of the
@@ -382,10 +418,11 @@ class Measurer:
 
 TVM_CHEAPER = "TVM runs the same ops for less than entering the backend costs"
 WHOLE_MODEL_FASTER = "entering the backend costs more than the best whole-model candidate takes"
+PRECISION_ENOUGH = "a more precise format at the same speed is within the accuracy budget"
 
 
 class Skip(NamedTuple):
-    rule: str  # TVM_CHEAPER or WHOLE_MODEL_FASTER
+    rule: str  # TVM_CHEAPER, WHOLE_MODEL_FASTER or PRECISION_ENOUGH
     reason: str  # with the numbers, the skipped candidate's (invalid) cost says this
 
 

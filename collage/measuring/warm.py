@@ -21,7 +21,7 @@ import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from .build import compile_kernel
@@ -58,6 +58,12 @@ class Warmed:
     slowest_ops: int = 0
     slowest_threads: int = 0
 
+    def and_then(self, later: Warmed) -> Warmed:
+        """This and a ``later`` round of compiling ahead as one: what both compiled, in both
+        rounds' seconds, with the slower round's slowest compile."""
+        slowest = max(self, later, key=lambda w: w.slowest_s)
+        return replace(slowest, compiled=self.compiled + later.compiled,
+                                   processes=max(self.processes, later.processes), seconds=self.seconds + later.seconds)
 
 def warm(tasks: list[MeasureTask], sizes: list[int], processes: int) -> Warmed:
     """Each task's kernel compiled in a worker process of its own, then dropped, ``processes``
