@@ -216,7 +216,7 @@ def test_candidates_compiled_ahead_in_parallel_processes_are_only_loaded_where_m
     assert ran.stdout.count("the script runs") == 1, ran.stdout
     warmed = json.loads(ran.stdout.splitlines()[-1])
     assert (warmed["compiled"], warmed["processes"]) == (2, 2)
-    assert 0 < warmed["slowest_s"] <= warmed["seconds"] and warmed["slowest_threads"] >= 1
+    assert 0 < warmed["slowest_s"] <= warmed["seconds"] and warmed["slowest_threads"] >= 1 and warmed["warnings"] == []
     assert len(list(tmp_path.glob("collage-packages/*.pt2"))) == 1
 
     def compiles(*args, **kwargs):
@@ -258,6 +258,36 @@ def test_two_rounds_of_compiling_ahead_report_as_one():
     first, later = Warmed(9, 9, 40.0, 35.0, 100, 6), Warmed(2, 2, 20.0, 18.0, 50, 3)
     assert first.and_then(later) == Warmed(11, 9, 60.0, 35.0, 100, 6)
     assert Warmed().and_then(later) == later
+
+
+def test_what_a_backend_warns_of_while_compiling_ahead_reaches_the_report(monkeypatch):
+    """A compile ahead runs in a process whose output nobody reads: the backend's own warnings
+    there (they start with its name; inductor's when it has no AOTInductor package and
+    compiles the slow way) come back with the pool's record, and the report says them."""
+    import warnings
+
+    from collage.measuring.runner import MeasureTask
+    from collage.measuring.timing import Timing
+    from collage.measuring.warm import COMPILE_THREADS, Warmed, _compiles
+    from collage.record import RunRecord, StageSeconds
+    from collage.deploying.report import measuring_text
+    from tests.backends_for_tests import compile_elementwise, variant
+    from tests.test_optimize import Unary
+
+    said = "warns: no package here (OSError: disk full); compiling the slow way"
+
+    def compile_warning(func, pattern, target, threads):
+        warnings.warn("a library's own notice")
+        warnings.warn(said)
+        return compile_elementwise(func, pattern, target, threads)
+
+    monkeypatch.setenv(COMPILE_THREADS, "1")
+    backend = variant("warns", compile_warning)
+    candidate = generate(DataflowGraph(Unary["main"]), [backend])[0]
+    task = MeasureTask(backend, candidate.subgraph.extract(), candidate.pattern, "llvm", 1, 0, Timing())
+    assert _compiles(task, 4) == (True, 1, (said,))
+    record = RunRecord(seconds=StageSeconds(measure=9.0), compiled_ahead=Warmed(2, 2, 8.0, 7.0, 3, 1, (said,)))
+    assert measuring_text(record).endswith(f"compiling ahead, {said}")
 
 
 def test_the_packages_kept_on_disk_stay_within_their_budget_least_recently_used_first(tmp_path, monkeypatch):

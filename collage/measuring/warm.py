@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -49,7 +50,8 @@ def processes_here() -> int:
 @dataclass(frozen=True)
 class Warmed:
     """What compiling ahead did: candidates compiled, how many at once, in how many seconds,
-    and the slowest compile (seconds, its sub-graph's operators, its compile threads)."""
+    the slowest compile (seconds, its sub-graph's operators, its compile threads), and what
+    the backends warned of meanwhile, once each (in their processes, which nobody reads)."""
 
     compiled: int = 0
     processes: int = 0
@@ -57,13 +59,15 @@ class Warmed:
     slowest_s: float = 0.0
     slowest_ops: int = 0
     slowest_threads: int = 0
+    warnings: tuple[str, ...] = ()
 
     def and_then(self, later: Warmed) -> Warmed:
         """This and a ``later`` round of compiling ahead as one: what both compiled, in both
         rounds' seconds, with the slower round's slowest compile."""
         slowest = max(self, later, key=lambda w: w.slowest_s)
         return replace(slowest, compiled=self.compiled + later.compiled,
-                                   processes=max(self.processes, later.processes), seconds=self.seconds + later.seconds)
+                       processes=max(self.processes, later.processes), seconds=self.seconds + later.seconds,
+                       warnings=tuple(dict.fromkeys(self.warnings + later.warnings)))
 
 def warm(tasks: list[MeasureTask], sizes: list[int], processes: int) -> Warmed:
     """Each task's kernel compiled in a worker process of its own, then dropped, ``processes``
@@ -81,8 +85,9 @@ def warm(tasks: list[MeasureTask], sizes: list[int], processes: int) -> Warmed:
     with ThreadPoolExecutor(processes) as pool:  # each thread waits on its worker process
         done = list(pool.map(_compiled_apart, tasks, threads))
     slowest = max(range(len(tasks)), key=lambda k: done[k].seconds)
+    said = tuple(dict.fromkeys(w for d in done for w in d.warnings))
     return Warmed(sum(d.compiled for d in done), processes, time.perf_counter() - started, done[slowest].seconds,
-                  sizes[slowest], done[slowest].threads)  # fmt: skip
+                  sizes[slowest], done[slowest].threads, said)  # fmt: skip
 
 
 def compile_threads(sizes: list[int], processes: int, cores: int) -> list[int]:
@@ -98,6 +103,7 @@ class _Compile(NamedTuple):
     compiled: bool
     seconds: float  # the worker's start-up included
     threads: int  # compile threads
+    warnings: tuple[str, ...] = ()  # the backend's, in the worker
 
 
 def _compiled_apart(task: MeasureTask, threads: int) -> _Compile:
@@ -105,20 +111,25 @@ def _compiled_apart(task: MeasureTask, threads: int) -> _Compile:
     not compiled)."""
     started = time.perf_counter()
     worker = WorkerProcess(task.threads, timeout_s=COMPILE_TIMEOUT_S)
-    compiled, used = False, threads
+    compiled, used, said = False, threads, ()
     try:
-        compiled, used = worker.call(functools.partial(_compiles, task, threads), COMPILE_TIMEOUT_S)
+        compiled, used, said = worker.call(functools.partial(_compiles, task, threads), COMPILE_TIMEOUT_S)
     except (RuntimeError, OSError):  # the worker died, overran or could not start
         pass
     finally:
         worker.close()
-    return _Compile(compiled, time.perf_counter() - started, used)
+    return _Compile(compiled, time.perf_counter() - started, used, said)
 
 
-def _compiles(task: MeasureTask, threads: int) -> tuple[bool, int]:
-    """In the worker: whether the task's kernel compiled, and on how many compile threads:
-    ``threads``, unless the user's environment names a number."""
+def _compiles(task: MeasureTask, threads: int) -> tuple[bool, int, tuple[str, ...]]:
+    """In the worker: whether the task's kernel compiled, on how many compile threads
+    (``threads``, unless the user's environment names a number), and what the backend warned
+    of meanwhile (its warnings start with its name): a compile that fell back to a slower path
+    (inductor without an AOTInductor package) is otherwise only in the worker's output."""
     os.environ.setdefault(COMPILE_THREADS, str(threads))  # before inductor is first imported here
-    _, reason = compile_kernel(task.backend, task.func, task.pattern, task.target, task.threads,
-                               precision=task.precision)  # fmt: skip
-    return reason is None, int(os.environ[COMPILE_THREADS])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, reason = compile_kernel(task.backend, task.func, task.pattern, task.target, task.threads,
+                                   precision=task.precision)  # fmt: skip
+    said = tuple(dict.fromkeys(m for w in caught if (m := str(w.message)).startswith(f"{task.backend.name}:")))
+    return reason is None, int(os.environ[COMPILE_THREADS]), said
