@@ -113,6 +113,41 @@ def test_zoo_regions_match_tvm_on_the_gpu():
     assert failures(BACKEND, generate(graph, [BACKEND])[:3], "cuda") == {}
 
 
+def test_on_the_gpu_a_package_built_in_one_process_is_only_loaded_in_another(tmp_path, monkeypatch):
+    """On a GPU: a compile ahead (in a process of its own) leaves an AOTInductor package that
+    the process measuring or assembling the candidate then loads, compiling nothing and warning
+    of no fallback to ``torch.compile`` (which costs seconds a candidate in every process)."""
+    require_gpu()
+    import warnings
+
+    import torch._inductor
+
+    from collage.measuring.runner import MeasureTask
+    from collage.measuring.timing import Timing
+    from collage.measuring.warm import warm
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    candidates = generate(zoo_graph("mlp", simplified=True), [BACKEND])[:2]
+    tasks = [MeasureTask(BACKEND, c.subgraph.extract(), c.pattern, "cuda", 1, 0, Timing()) for c in candidates]
+    warmed = warm(tasks, [len(c.subgraph) for c in candidates], processes=2)
+    assert (warmed.compiled, warmed.warnings) == (2, ()), warmed
+    assert len(list(tmp_path.glob("collage-packages/*.pt2"))) == 2
+
+    def compiles(*args, **kwargs):
+        raise AssertionError("compiled again where it was to be loaded")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compiles)
+    monkeypatch.setattr(torch, "compile", None)  # the package, or nothing
+    func = tasks[0].func
+    with warnings.catch_warnings():  # the fallback's reason, where this process has not warned of it yet
+        warnings.filterwarnings("error", message="inductor:")  # no fallback to torch.compile
+        kernel = inductor.compile(func, tasks[0].pattern, "cuda", 1)
+    arrays = random_inputs(func)
+    inputs, outputs = to_tensors(arrays, tvm.cuda()), empty_outputs(func, tvm.cuda())
+    synchronized(lambda: kernel(*inputs, *outputs), "cuda")()
+    assert mismatch([o.numpy() for o in outputs], run_reference(func, arrays)) is None
+
+
 def test_a_library_kernel_is_timed_inside_a_cuda_graph():
     """On a GPU: a cuBLAS candidate's cost is its kernel replayed in a CUDA graph, below its
     time as a Python call waited for."""
