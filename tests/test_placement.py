@@ -229,6 +229,7 @@ class _PricesAndTransitions(PriceList):
     def __init__(self, prices, transition):
         super().__init__(prices)
         self.transition_ms = transition
+        self.known = self.cost  # every price is known up front
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 import collage
+from tvm.script import ir as I
+from tvm.script import relax as R
 from collage.candidates.backend import BackendSet, default_backends
 from collage.assembling.checked import assemble_and_check
 from collage.candidates.generate import Candidate
@@ -34,8 +36,8 @@ from tests.test_optimize import Unary, inputs, run_unoptimized
 FAST = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
 
 
-def optimize(backend, log, **kw):
-    return collage.optimize(Unary, backends=BackendSet([default_backends()["tvm"], backend]), cost_log=log,
+def optimize(backend, log, mod=Unary, **kw):
+    return collage.optimize(mod, backends=BackendSet([default_backends()["tvm"], backend]), cost_log=log,
                             timing=FAST, progress=False, runner=InProcess(), **kw)  # fmt: skip
 
 
@@ -73,20 +75,34 @@ def test_a_reduced_precision_too_coarse_for_the_budget_is_rejected_with_its_meas
     np.testing.assert_allclose(opt(x, w), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
 
 
+# fmt: off
+@I.ir_module
+class Chain:  # the test libraries run it whole, as an engine runs a whole model
+    @R.function
+    def main(x: R.Tensor((64, 64), "float32")):
+        with R.dataflow():
+            a = R.sigmoid(x)
+            b = R.exp(a)
+            c = R.nn.relu(b)
+            R.output(c)
+        return c
+# fmt: on
+
+
 def test_bfloat16_is_measured_only_where_float16_misses_the_budget(tmp_path):
     """bfloat16 runs at float16's speed with three fewer bits of mantissa: a backend offering
     both has a candidate measured in bfloat16 only where its float16 twin missed the budget
     (as where float16's range is too small)."""
     log = CostLog(tmp_path / "c.sqlite")
-    enough = optimize(coarse("halves", {FLOAT16: 1e-3, BFLOAT16: 4e-3}), log, accuracy=1e-2)
+    enough = optimize(coarse("halves", {FLOAT16: 1e-3, BFLOAT16: 4e-3}), log, accuracy=1e-2, mod=Chain)
     rows = kernels(log, "halves")
     assert {r.precision for r in rows} == {FLOAT32, FLOAT16} and all(r.failure is None for r in rows)
     skipped = enough.record.skipped["a more precise format at the same speed is within the accuracy budget"]
     assert skipped == sum(r.precision == FLOAT16 for r in rows) and f"{skipped} not measured" in enough.report()
-    again = optimize(coarse("halves", {FLOAT16: 1e-3, BFLOAT16: 4e-3}), log, accuracy=1e-2)  # float16 from the log
+    again = optimize(coarse("halves", {FLOAT16: 1e-3, BFLOAT16: 4e-3}), log, accuracy=1e-2, mod=Chain)  # from the log
     assert again.record.measured == 0 and len(kernels(log, "halves")) == len(rows)
 
-    out_of_range = optimize(coarse("out_of_range", {FLOAT16: 0.3, BFLOAT16: 4e-3}), log, accuracy=1e-2)
+    out_of_range = optimize(coarse("out_of_range", {FLOAT16: 0.3, BFLOAT16: 4e-3}), log, accuracy=1e-2, mod=Chain)
     rows = kernels(log, "out_of_range")
     by_precision = {p: [r for r in rows if r.precision == p] for p in (FLOAT16, BFLOAT16)}
     assert len(by_precision[BFLOAT16]) == len(by_precision[FLOAT16]) > 0

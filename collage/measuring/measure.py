@@ -124,6 +124,14 @@ class Measurer:
         self._costs[key] = cost
         return cost
 
+    def known(self, candidate: Candidate) -> Cost | None:
+        """``candidate``'s cost as measured (or skipped) in this run or logged, never measuring
+        it: None where it is not known yet."""
+        key = self.key(candidate)
+        if key not in self._costs and (cost := self.log.get(key)) is not None and not self._lacks_energy(cost):
+            self._costs[key] = cost
+        return self._costs.get(key)
+
     def transition_ms(self, backend: str) -> float:
         """What entering a partition of ``backend`` costs beyond its kernel (``transition.py``),
         measured once per backend and device and logged."""
@@ -455,12 +463,15 @@ class SearchBound:
 
     @classmethod
     def of(cls, candidates: list[Candidate], measurer: Measurer) -> SearchBound:
-        """The bound from ``measurer``'s costs of the TVM and whole-model candidates."""
+        """The bound from ``measurer``'s costs of the TVM and whole-model candidates known so
+        far (a whole-model candidate measured only after another precision may not be)."""
         tvm_ms, whole = {}, []
         for c in candidates:
-            if c.backend == REFERENCE_BACKEND and (cost := measurer.cost(c)).is_valid:
+            if (c.backend != REFERENCE_BACKEND and not _whole(c)) or (cost := measurer.known(c)) is None or cost.is_invalid:
+                continue
+            if c.backend == REFERENCE_BACKEND:
                 tvm_ms[c.subgraph.nodes] = min(cost.median_ms, tvm_ms.get(c.subgraph.nodes, math.inf))
-            if _whole(c) and (cost := measurer.cost(c)).is_valid:
+            if _whole(c):
                 whole.append((cost.median_ms, c.backend))
         whole_ms, whole_by = min(whole, default=(math.inf, ""))
         return cls(tvm_ms, whole_ms, whole_by, measurer.transition_ms)
