@@ -467,7 +467,9 @@ class SearchBound:
         far (a whole-model candidate measured only after another precision may not be)."""
         tvm_ms, whole = {}, []
         for c in candidates:
-            if (c.backend != REFERENCE_BACKEND and not _whole(c)) or (cost := measurer.known(c)) is None or cost.is_invalid:
+            bounds = c.backend == REFERENCE_BACKEND or _whole(c)
+            cost = measurer.known(c) if bounds else None
+            if cost is None or cost.is_invalid:
                 continue
             if c.backend == REFERENCE_BACKEND:
                 tvm_ms[c.subgraph.nodes] = min(cost.median_ms, tvm_ms.get(c.subgraph.nodes, math.inf))

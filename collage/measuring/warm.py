@@ -69,6 +69,7 @@ class Warmed:
                        processes=max(self.processes, later.processes), seconds=self.seconds + later.seconds,
                        warnings=tuple(dict.fromkeys(self.warnings + later.warnings)))
 
+
 def warm(tasks: list[MeasureTask], sizes: list[int], processes: int) -> Warmed:
     """Each task's kernel compiled in a worker process of its own, then dropped, ``processes``
     at once, the largest sub-graphs first (the longest compiles, which would end last if
