@@ -13,6 +13,7 @@ from tvm import relax
 
 from collage.measuring.arrays import static_shape
 from collage.measuring.build import check_candidate, run_reference
+from collage.measuring.measure import TRANSITION
 from collage.candidates.generate import distinct, generate
 from collage.model.graph import DataflowGraph
 from collage.model.simplify import simplify
@@ -34,6 +35,12 @@ def with_weights_bound(mod, names=None, seed: int = 0):
     names = list(params)[1:] if names is None else names
     weights = {n: rng.standard_normal(static_shape(params[n].ty)).astype("float32") for n in names}
     return relax.transform.BindParams("main", weights)(mod)
+
+
+def kernel_rows(log, backend: str) -> list:
+    """``backend``'s rows of the cost log ``log`` less its transition's, which is measured and
+    logged beside its candidates."""
+    return [r for r in log.rows(backend) if r.key != TRANSITION]
 
 
 def zoo_candidates(name: str, backend, simplified: bool = False):

@@ -23,6 +23,7 @@ from collage.measuring.transition import measure_transition
 from tests import backends_for_tests
 from tests.backends_for_tests import (BATCH_ABORTS, BATCH_REJECTED, CANNOT_COMPILE, NUMPY, RAISES_WHEN_RUN,
                                        TOGETHER, WRONG)
+from tests.helpers import kernel_rows
 
 FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.2, budget_s=0.2)
 
@@ -189,8 +190,7 @@ def test_candidates_no_winning_placement_would_use_are_not_measured_nor_logged(t
     numpy = [c for c in candidates if c.backend == "numpy" and len(c.subgraph) < 3]
     assert len(m.skipped) == len(numpy) == 5 and set(m.skipped.values()) <= {TVM_CHEAPER, WHOLE_MODEL_FASTER}
     assert all(m.cost(c).reason.startswith("not measured: TVM runs these ops in ") for c in numpy)
-    kernels = [r for r in m.log.rows("numpy") if r.key != "transition"]  # the transition is measured beside the whole model
-    assert len(kernels) == 1 and m.measured == len(candidates) - len(numpy)
+    assert len(kernel_rows(m.log, "numpy")) == 1 and m.measured == len(candidates) - len(numpy)
     # Again with that log: the skipped ones are still missing from it, but none is measured,
     # so the model's values (a whole run of it by TVM) are not computed.
     from collage.measuring import measure

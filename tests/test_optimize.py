@@ -23,6 +23,7 @@ from collage.measuring.arrays import Reference
 from experiments import models
 from tests.backends_for_tests import (ABORTS, CANNOT_COMPILE, HANGS, NUMPY, WRONG, CompilesOnlyOnce, RightOnlyWhenMeasured,
                                      compile_elementwise, variant)
+from tests.helpers import kernel_rows
 
 FAST = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
 
@@ -124,12 +125,9 @@ def test_a_library_that_crashes_or_hangs_costs_its_candidates_only(tmp_path):
                                runner=runner)
     finally:
         runner.close()
-    def kernels(backend):  # each backend's transition is logged too, measured beside its candidates
-        return [r for r in log.rows(backend) if r.key != "transition"]
-
-    assert [r.failure for r in kernels("aborts")] == ["measuring failed: the worker died of SIGABRT"]
+    assert [r.failure for r in kernel_rows(log, "aborts")] == ["measuring failed: the worker died of SIGABRT"]
     # A timeout may be the machine's, not the library's: the candidate is measured again next time.
-    assert kernels("hangs") == [] and opt.record.timed_out == 1 and "1 timed out (not logged" in opt.report()
+    assert kernel_rows(log, "hangs") == [] and opt.record.timed_out == 1 and "1 timed out (not logged" in opt.report()
     assert runner.started >= 2  # a fresh worker took over after the crash
     assert [p.backend for p in opt.placement] == ["tvm"]
     x = np.random.default_rng(0).standard_normal((8, 8)).astype("float32")

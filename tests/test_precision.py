@@ -24,13 +24,13 @@ from collage.placing.placement import Partition, Placement, tvm_op
 from collage.candidates.precision import BFLOAT16, FLOAT16, FLOAT32, bf16_unavailable
 from collage.measuring.cost import cpu_info
 from collage.measuring.cost_log import CostLog
-from collage.measuring.measure import TRANSITION
 from collage.measuring.runner import InProcess
 from collage.measuring.arrays import relative_error
 from collage.measuring.timing import Timing
 from collage.record import FinalistKind, FinalistName
 from experiments import models
 from tests.backends_for_tests import FINE, TOO_COARSE, coarse
+from tests.helpers import kernel_rows
 from tests.test_optimize import Unary, inputs, run_unoptimized
 
 FAST = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
@@ -95,24 +95,19 @@ def test_bfloat16_is_measured_only_where_float16_misses_the_budget(tmp_path):
     (as where float16's range is too small)."""
     log = CostLog(tmp_path / "c.sqlite")
     enough = optimize(coarse("halves", {FLOAT16: 1e-3, BFLOAT16: 4e-3}), log, accuracy=1e-2, mod=Chain)
-    rows = kernels(log, "halves")
+    rows = kernel_rows(log, "halves")
     assert {r.precision for r in rows} == {FLOAT32, FLOAT16} and all(r.failure is None for r in rows)
     skipped = enough.record.skipped["a more precise format at the same speed is within the accuracy budget"]
     assert skipped == sum(r.precision == FLOAT16 for r in rows) and f"{skipped} not measured" in enough.report()
     again = optimize(coarse("halves", {FLOAT16: 1e-3, BFLOAT16: 4e-3}), log, accuracy=1e-2, mod=Chain)  # from the log
-    assert again.record.measured == 0 and len(kernels(log, "halves")) == len(rows)
+    assert again.record.measured == 0 and len(kernel_rows(log, "halves")) == len(rows)
 
     out_of_range = optimize(coarse("out_of_range", {FLOAT16: 0.3, BFLOAT16: 4e-3}), log, accuracy=1e-2, mod=Chain)
-    rows = kernels(log, "out_of_range")
+    rows = kernel_rows(log, "out_of_range")
     by_precision = {p: [r for r in rows if r.precision == p] for p in (FLOAT16, BFLOAT16)}
     assert len(by_precision[BFLOAT16]) == len(by_precision[FLOAT16]) > 0
     assert all(r.failure is not None for r in by_precision[FLOAT16])
     assert all(r.failure is None for r in by_precision[BFLOAT16]) and not out_of_range.record.skipped
-
-
-def kernels(log: CostLog, backend: str) -> list:
-    """``backend``'s rows of ``log`` less its transition's."""
-    return [r for r in log.rows(backend) if r.pattern != TRANSITION]
 
 
 def test_a_budget_outside_zero_to_one_is_refused(tmp_path):

@@ -115,18 +115,12 @@ class Measurer:
     # -- CostSource --
 
     def cost(self, candidate: Candidate) -> Cost:
-        key = self.key(candidate)
-        if key in self._costs:
-            return self._costs[key]
-        cost = self.log.get(key)
-        if cost is None or self._lacks_energy(cost):  # not measured, or not yet with a meter
-            return self._keep(candidate, *self._measure_one(candidate))
-        self._costs[key] = cost
-        return cost
+        known = self.known(candidate)
+        return known if known is not None else self._keep(candidate, *self._measure_one(candidate))
 
     def known(self, candidate: Candidate) -> Cost | None:
         """``candidate``'s cost as measured (or skipped) in this run or logged, never measuring
-        it: None where it is not known yet."""
+        it: None where it is not known yet (not measured, or not yet with a meter)."""
         key = self.key(candidate)
         if key not in self._costs and (cost := self.log.get(key)) is not None and not self._lacks_energy(cost):
             self._costs[key] = cost
