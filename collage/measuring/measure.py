@@ -259,8 +259,10 @@ class Measurer:
         """``candidate``'s twin in the precision it is measured only after, where that is
         ``offered`` too; else None."""
         first = MEASURED_ONLY_AFTER.get(candidate.precision)
-        twin = None if first is None else dataclasses.replace(candidate, precision=first)
-        return twin if twin is not None and self.key(twin) in offered else None
+        if first is None:
+            return None
+        twin = dataclasses.replace(candidate, precision=first)
+        return twin if self.key(twin) in offered else None
 
     def _measure_after_twins(self, after: dict[Candidate, Candidate], bar) -> None:
         """Each candidate of ``after`` measured where its twin (measured, skipped or logged by
