@@ -107,11 +107,14 @@ def test_the_fresh_race_keeps_whichever_costs_a_user_less_when_it_stays_undecide
     assert line.endswith("kept 'second' instead of 'kept' (undecided; its slow blocks cost less)")
 
 
-def test_optimize_races_a_close_runner_up_again_and_reports_it(mlp):
+def test_optimize_races_a_close_runner_up_again_and_reports_it(mlp, monkeypatch):
     """The MLP with its ONNX file: ONNX Runtime on the file and on collage's conversion are
-    the same engine on nearly the same graph, close enough to race again."""
+    the same engine on nearly the same graph, most often close enough to race again. On a
+    busy host their race can part them further than ``CLOSE``, which
+    ``test_only_a_close_runner_up_is_raced_again`` tests; here any runner-up counts as close."""
     import collage
 
+    monkeypatch.setattr(confirm, "CLOSE", 1e6)
     w = mlp[0]
     opt = collage.optimize(w.relax, backends=["tvm", "onnxruntime"], onnx_model=w.onnx, threads=2, progress=False)
     assert opt.record.confirmation is not None and "raced again, each in a fresh process" in opt.record.confirmation
