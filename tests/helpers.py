@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
-import tvm_ffi
 from tvm import relax
 
 from collage.measuring.arrays import static_shape
-from collage.measuring.build import check_candidate, run_reference
+from collage.measuring.build import check_candidate
 from collage.measuring.measure import TRANSITION
 from collage.candidates.generate import distinct, generate
 from collage.model.graph import DataflowGraph
 from collage.model.simplify import simplify
 from experiments import models
+from experiments.check_candidates import remembered_reference
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,19 +71,6 @@ def failures(backend, candidates, target: str = "llvm") -> dict[str, str]:
         if (reason := check_candidate(backend, c.subgraph.extract(), c.pattern, target, reference=remembered_reference))
         is not None
     }
-
-
-_REFERENCES: dict[tuple, list[np.ndarray]] = {}
-
-
-def remembered_reference(func: relax.Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """TVM's result of ``func`` on ``arrays`` (``run_reference``), computed once per suite:
-    the engines' tests check the same zoo sub-graphs on the same seeded inputs, and TVM's
-    unoptimized reference of BERT's 40 took 18 s of a 40 s test."""
-    key = (tvm_ffi.structural_hash(func), tuple(hashlib.sha1(a.tobytes()).hexdigest() for a in arrays))
-    if key not in _REFERENCES:
-        _REFERENCES[key] = run_reference(func, arrays)
-    return _REFERENCES[key]
 
 
 # Of the reference's largest magnitude: float32 accumulation-order differences across 50+
