@@ -20,9 +20,17 @@ from experiments.check_candidates import remembered_reference
 
 
 @functools.lru_cache(maxsize=None)
+def zoo(name: str) -> models.Workload:
+    """A zoo model at its test size, built and exported once per suite: the pipeline's, the
+    simplification's and both conversions' tests each read every model, and exporting one to
+    Relax takes up to 8 s (NASNet). The whole zoo held so is 1.6 GB. Tests only read it."""
+    return models.load(name, small=True)
+
+
+@functools.lru_cache(maxsize=None)
 def zoo_graph(name: str, simplified: bool = False) -> DataflowGraph:
     """A zoo model at its test size, as a graph (after ``collage.simplify`` if asked)."""
-    mod = models.load(name, small=True).relax
+    mod = zoo(name).relax
     return DataflowGraph.from_module(simplify(mod) if simplified else mod)
 
 

@@ -9,7 +9,7 @@ from collage.backends import tvm as tvm_backend
 from collage.candidates.generate import generate
 from collage.model.graph import DataflowGraph
 from experiments import models
-from tests.helpers import failures, sample, zoo_candidates, zoo_graph
+from tests.helpers import failures, sample, zoo, zoo_candidates, zoo_graph
 
 
 # Every distinct group of the MLP; a sample (covering every op) of BERT's, each compiled twice.
@@ -83,7 +83,7 @@ def test_gpt2_built_for_cuda_computes_no_power_of_a_negative_base():
 
     from collage.measuring.build import compile_module
 
-    mod = models.load("gpt2", small=True).relax
+    mod = zoo("gpt2").relax
     assert "R.power(" in mod.script()
     modules, sources = [compile_module(mod, tvm.target.Target(SM90)).mod], []
     while modules:

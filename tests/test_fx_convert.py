@@ -2,7 +2,6 @@
 matches TVM's default pipeline on the same tiny function (``mismatch`` tolerances),
 on the ONNX conversion's cases; whole zoo models too; what does not convert says why."""
 
-import functools
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from collage.candidates.fx_convert import CONVERTERS, supports, to_fx
 from collage.measuring.arrays import mismatch, random_inputs
 from collage.measuring.build import run_reference
 from collage.model.graph import DataflowGraph
-from experiments import models
+from tests.helpers import zoo
 from tests.test_onnx_convert import CASES, IMG, X, function, t
 
 op = relax.op
@@ -74,14 +73,9 @@ def test_what_does_not_convert_says_why():
         to_fx(function(lambda x, y: op.matmul(x, y, out_dtype="float16"), X, t(4, 2)))
 
 
-@functools.lru_cache(maxsize=None)
-def zoo_module(name):
-    return models.load(name, small=True).relax
-
-
 @pytest.mark.parametrize("name", ["mlp", "resnet50", "mobilenet_v2", "bert", "vit", "gpt2", "convnext"])
 def test_whole_zoo_model_matches_tvm(name):
-    func = zoo_module(name)["main"]
+    func = zoo(name).relax["main"]
     arrays = random_inputs(func)
     graph = DataflowGraph(func)
     assert {node.op: why for node in graph if (why := supports(graph, node))} == {}

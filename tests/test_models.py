@@ -11,11 +11,11 @@ import tvm
 
 from collage.measuring.build import reference_vm
 from experiments import models
-from tests.helpers import assert_close
+from tests.helpers import assert_close, zoo
 
 @pytest.fixture(scope="module", params=list(models.MODELS))
 def workload(request):
-    return models.load(request.param, small=True)
+    return zoo(request.param)
 
 
 def test_tvm_default_pipeline_matches_torch(workload):

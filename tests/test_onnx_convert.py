@@ -2,7 +2,6 @@
 TVM's default pipeline on the same tiny function (``mismatch`` tolerances). Every
 operator of every zoo model converts, and what does not convert says why."""
 
-import functools
 
 import numpy as np
 import onnx
@@ -18,6 +17,7 @@ from collage.model.graph import DataflowGraph
 from collage.candidates.onnx_convert import CONVERTERS, IR_VERSION, OPSET, supports, to_onnx
 from experiments import models
 from experiments.conversion_parity import onnxruntime_ops
+from tests.helpers import zoo
 
 op = relax.op
 nn = relax.op.nn
@@ -460,14 +460,9 @@ def test_unsupported_attribute_is_named(make, types, reason):
 # ------------------------------------------------------------------ the zoo
 
 
-@functools.lru_cache(maxsize=None)
-def zoo_module(name):
-    return models.load(name, small=True).relax
-
-
 @pytest.mark.parametrize("name", list(models.MODELS))
 def test_every_zoo_operator_converts(name):
-    mod = zoo_module(name)
+    mod = zoo(name).relax
     # FoldConstant stands in for the simplification before placement: it leaves constant
     # bindings, pre-transposed weights and the like that the raw import has not.
     for variant in (mod, relax.transform.FoldConstant()(mod)):
@@ -478,6 +473,6 @@ def test_every_zoo_operator_converts(name):
 
 @pytest.mark.parametrize("name", ["mlp", "squeezenet", "dcgan"])
 def test_whole_zoo_model_matches_tvm(name):
-    func = zoo_module(name)["main"]
+    func = zoo(name).relax["main"]
     arrays = random_inputs(func)
     assert mismatch(run_onnx(func, arrays), run_reference(func, arrays)) is None

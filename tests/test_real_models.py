@@ -21,8 +21,7 @@ import pytest
 import collage
 from collage.model.frontend import load_onnx
 from collage.measuring.timing import Timing
-from experiments import models
-from tests.helpers import assert_close, subprocess_env
+from tests.helpers import assert_close, subprocess_env, zoo
 
 # Each path of each model takes a minute or more (about 400 distinct candidates, mostly TVM
 # compiling each), so the suite runs one path per model: GPT-2 (its causal mask holds -inf)
@@ -42,7 +41,7 @@ def log(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("name", TORCH_EXPORT)
 def test_torch_export_path_matches_torch(name, log):
-    w = models.load(name, small=True)
+    w = zoo(name)
     opt = collage.optimize(w.relax, backends=BACKENDS, cost_log=log, timing=FAST, progress=False)
     out = opt(*[x.numpy() for x in w.inputs])
     outs = list(out) if isinstance(out, tuple) else [out]
@@ -54,7 +53,7 @@ def test_torch_export_path_matches_torch(name, log):
 def test_onnx_file_path_optimizes_and_runs_from_the_command_line(name, log, tmp_path):
     import onnx
 
-    w = models.load(name, small=True)
+    w = zoo(name)
     onnx.save(w.onnx, tmp_path / "model.onnx")
     env = subprocess_env(COLLAGE_COST_LOG=str(log))
     for args in (["optimize", "model.onnx", "--quiet"], ["run", "model.onnx"]):

@@ -16,6 +16,7 @@ import collage
 from collage.measuring.build import reference_vm
 from collage.model.simplify import op_count, op_histogram
 from experiments import models
+from tests.helpers import zoo
 
 RNG = np.random.default_rng(0)
 
@@ -578,7 +579,7 @@ ZOO_TOLERANCE = 1e-3
 
 @pytest.mark.parametrize("name", models.MODELS)
 def test_zoo_model_simplifies_without_changing_its_output(name):
-    workload = models.load(name, small=True)
+    workload = zoo(name)
     simplified, report = collage.simplify(workload.relax, report=True)
 
     assert report.converged
