@@ -49,7 +49,12 @@ def remembered_reference(func: relax.Function, arrays: list[np.ndarray]) -> list
 
 
 def check_model(name: str, small: bool, target: str = "llvm", run: bool = True) -> dict:
-    graph = DataflowGraph.from_module(simplify(models.load(name, small=small).relax))
+    return check_module(models.load(name, small=small).relax, target, run)
+
+
+def check_module(mod, target: str = "llvm", run: bool = True) -> dict:
+    """``check_model``'s report on a model's Relax module ``mod``."""
+    graph = DataflowGraph.from_module(simplify(mod))
     backends, excluded = default_backends().usable(target)
     started = time.perf_counter()
     candidates = generate(graph, backends)

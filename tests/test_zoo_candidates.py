@@ -6,7 +6,8 @@ The large models (ResNet-50, BERT-base, ...) go through the same check as a scri
 
 import pytest
 
-from experiments.check_candidates import check_model
+from experiments.check_candidates import check_module
+from tests.helpers import zoo
 
 
 # A fixed list, not the whole zoo: every distinct candidate is compiled on every backend.
@@ -16,7 +17,7 @@ from experiments.check_candidates import check_model
 # only concat and ceil-mode pooling, which test_onnx_convert covers too.
 @pytest.mark.parametrize("model", ["mlp", "dcgan", "kws_dscnn", "transformer_encoder"])
 def test_every_cpu_candidate_compiles_and_matches(model):
-    report = check_model(model, small=True)
+    report = check_module(zoo(model).relax)
     assert report["uncovered_by_tvm"] == []
     assert {"tvm", "dnnl", "mkl", "onnxruntime", "openvino"} <= set(report["backends"])
     assert report["backends"]["tvm"]["candidates"] > 0
