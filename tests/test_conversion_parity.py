@@ -36,8 +36,8 @@ def files(name: str):
 )
 @pytest.mark.parametrize("engine_ops", [onnxruntime_ops, openvino_ops], ids=["onnxruntime", "openvino"])
 def test_the_engine_fuses_the_conversion_as_it_fuses_torchs_export(name, engine_ops):
-    _, torchs, ours = files(name)
-    export, ours = engine_ops(torchs, 2), engine_ops(ours, 2)
+    _, torchs_file, our_file = files(name)
+    export, ours = engine_ops(torchs_file, 2), engine_ops(our_file, 2)
     lost = set(export) - set(ours) - PLUMBING - ARITHMETIC
     assert lost == set(), f"fusions lost: {sorted(lost)}"
     for kind in ("MatMul", "Softmax", "Erf", "Pow", "Sqrt"):  # what the fusions take in
@@ -53,8 +53,8 @@ def test_biases_are_folded_into_convolutions_and_gemms_as_exporters_write_them(n
 
     from experiments.peers import onnxruntime_session
 
-    w, _, ours = files(name)
-    written = {m: Counter((n.op_type, len(n.input)) for n in f.graph.node) for m, f in (("export", w.onnx), ("ours", ours))}
+    w, torchs_file, ours = files(name)
+    written = {m: Counter((n.op_type, len(n.input)) for n in f.graph.node) for m, f in (("export", torchs_file), ("ours", ours))}
     for op in ("Conv", "Gemm", "MatMul"):
         assert written["ours"][(op, 3)] == written["export"][(op, 3)], f"{op} with a bias: {written}"
     assert sum(c for (op, _), c in written["ours"].items() if op == "Add") == sum(
@@ -71,7 +71,7 @@ def test_the_engine_runs_no_layer_more_of_the_conversion(name, engine_ops):
     """No layer kind the engine runs more often of collage's file than of torch's: a linear
     layer's weight is written [out, in] for ``Gemm(transB=1)``, as exporters write it, where an
     [in, out] weight made OpenVINO run a Transpose of it as a layer of its own."""
-    _, torchs, ours = files(name)
-    export, ours = engine_ops(torchs, 2), engine_ops(ours, 2)
+    _, torchs_file, our_file = files(name)
+    export, ours = engine_ops(torchs_file, 2), engine_ops(our_file, 2)
     more = {kind: (export[kind], n) for kind, n in ours.items() if n > export[kind] and kind not in PLUMBING - {"Reshape"}}
     assert more == {}, f"(torch's file, collage's) counts: {more}"

@@ -2,7 +2,6 @@
 matches TVM's default pipeline on the same tiny function (``mismatch`` tolerances),
 on the ONNX conversion's cases; whole zoo models too; what does not convert says why."""
 
-
 import numpy as np
 import pytest
 import torch

@@ -21,7 +21,8 @@ def workload(request):
 def test_tvm_default_pipeline_matches_torch(workload):
     mod = workload.relax
     assert "main" in [gv.name_hint for gv in mod.get_global_vars()]
-    # Unoptimized by LLVM, as collage's references are: the pipeline's answer, in a third of the compile time.
+    # Unoptimized by LLVM, as collage's references are: the pipeline's answer, in a third of
+    # the compile time.
     vm = reference_vm(mod)
     out = vm["main"](*[tvm.runtime.tensor(x.numpy()) for x in workload.inputs])
     # from_exported_program returns a tuple of outputs even for one.

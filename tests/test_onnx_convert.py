@@ -2,7 +2,6 @@
 TVM's default pipeline on the same tiny function (``mismatch`` tolerances). Every
 operator of every zoo model converts, and what does not convert says why."""
 
-
 import numpy as np
 import onnx
 import onnxruntime as ort

@@ -2,7 +2,8 @@
 the numbers; over the zoo, the simplified module matches torch and never has more ops.
 
 Numerical checks compile with TVM's default pipeline, unoptimized by LLVM as collage's own
-references are (``collage.measuring.build.reference_vm``), on seeded inputs: small graphs agree within rtol 1e-5 and atol 1e-5 * max|expected| (float32).
+references are (``collage.measuring.build.reference_vm``), on seeded inputs: small graphs
+agree within rtol 1e-5 and atol 1e-5 * max|expected| (float32).
 """
 
 import numpy as np
