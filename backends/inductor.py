@@ -112,6 +112,7 @@ def _package(module, examples: list, device: str, precision: str):
     import torch
     from torch._inductor import aoti_compile_and_package, aoti_load_package
 
+    _remember_isa_probes()
     path = _package_dir() / f"{_package_key(module, examples, device, precision)}.pt2"
     if path.exists():
         os.utime(path)  # recently used: the last to go (``_prune``)
@@ -127,6 +128,69 @@ def _package(module, examples: list, device: str, precision: str):
     # CUDA graph's capture forbids (its default waits for an instance's previous run).
     run = aoti_load_package(str(path), run_single_threaded=True).loader.boxed_run
     return lambda *tensors: run(list(tensors))
+
+
+# What a probe of an instruction set found (``_remember_isa_probes``): first, it works here.
+VERDICTS = ("supported", "unsupported")
+
+
+def _remember_isa_probes() -> None:
+    """Inductor's probes of the host's vector instructions (AVX2, AVX-512 and its VNNI and
+    BF16, AMX) made once a machine, their verdicts kept on disk beside the packages.
+
+    Every process that compiles or loads a package asks inductor which to use (for its C++
+    wrapper's flags; on loading, to warn if the compiling machine's differed), and inductor
+    probes each the CPU reports by compiling a test program and loading it in a new Python
+    process, which before PyTorch 2.13 imports torch there: on an H100's host (torch 2.11),
+    45 s in every process, paid by each compile ahead (a process each), the measuring
+    worker and the assembly. A verdict depends on the machine, the compiler, PyTorch, the
+    flags and the test program, all in its key (``_probe_key``); the first process to probe
+    keeps it, the others read it, or wait for it (under a lock: compiles ahead start a dozen
+    processes at once, which would otherwise all probe, each slower for the others)."""
+    from filelock import FileLock  # PyTorch's own dependency, as its locks
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    probe = VecISA.check_build
+    if getattr(probe, "remembered", False):
+        return
+
+    @functools.wraps(probe)
+    def remembered(isa, code: str) -> bool:
+        path = _package_dir().parent / "collage-isa-probes" / _probe_key(isa, code)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{path}.lock"):
+            verdict = path.read_text() if path.exists() else None
+            if verdict not in VERDICTS:  # none yet, or cut off while written
+                verdict = VERDICTS[not probe(isa, code)]
+                path.write_text(verdict)
+        return verdict == VERDICTS[0]
+
+    remembered.remembered = True
+    VecISA.check_build = remembered
+
+
+def _probe_key(isa, code: str) -> str:
+    import sys
+
+    import torch
+    from torch._inductor import config
+
+    digest = hashlib.blake2b(digest_size=16)
+    parts = (torch.__version__, sys.executable, os.environ.get("CXX", ""), repr(config.cpp.cxx),
+             _cpu_flags(), str(isa), isa.build_arch_flags(), code)  # fmt: skip
+    for part in parts:
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()
+
+
+@functools.cache
+def _cpu_flags() -> str:
+    """The CPU's model and instruction-set flags, where Linux lists them: a cache directory
+    shared between machines keeps each machine's verdicts apart."""
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
+    return platform.processor()
 
 
 def _exported(module, precision: str, device: str):

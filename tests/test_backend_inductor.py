@@ -98,6 +98,30 @@ def test_bfloat16_and_float16_are_computed_in_them_by_packages_exported_under_au
     assert len(list(tmp_path.glob("collage-packages/*.pt2"))) == 2
 
 
+def test_inductors_probe_of_the_hosts_instruction_sets_is_made_once_a_machine(tmp_path, monkeypatch):
+    """Torch probes each vector instruction set the CPU reports in every process (before 2.13,
+    a Python process importing torch for each: 45 s a process on an H100's host); its verdict
+    is kept on disk, so that another process (here: the wrapper installed again) only reads
+    it, whether the set was supported or not."""
+    from torch._inductor import cpu_vec_isa
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    probed = []
+
+    def probe(isa, code):
+        probed.append(str(isa))
+        return "amx" not in str(isa)
+
+    isas = [cpu_vec_isa.VecAVX2(), cpu_vec_isa.VecAMX()]
+    for process in range(2):
+        monkeypatch.setattr(cpu_vec_isa.VecISA, "check_build", probe)
+        inductor._remember_isa_probes()
+        assert [isa.check_build(cpu_vec_isa.VecISA._avx_code) for isa in isas] == [True, False]
+        assert probed == ["avx2", "avx512 avx512_vnni amx_tile"], f"process {process}"
+    verdicts = sorted(path.read_text() for path in tmp_path.glob("collage-isa-probes/*") if path.suffix != ".lock")
+    assert verdicts == ["supported", "unsupported"]
+
+
 # ------------------------------------------------------------------ on a GPU
 
 
