@@ -301,7 +301,7 @@ def main(argv=None) -> None:
     parser.add_argument("--no-torch-entry", action="store_true",
                         help="optimize the Relax module only, not the torch module too")
     parser.add_argument("--stacks", type=Path, metavar="DIR",
-                        help="sample this process's stacks per model, into DIR/<model>.txt (where the seconds go)")
+                        help="sample the stacks per model, into DIR/<model>.txt, and its worker processes' into DIR/<model>/<pid>.txt")
     parser.add_argument("--accuracy-only", action="store_true",
                         help="with --accuracy: only the accuracy entries, of models whose float32 rows from this GPU are in --out")
     args = parser.parse_args(argv)
@@ -358,13 +358,15 @@ def _exit_on_term(signum, frame):
 @contextlib.contextmanager
 def _stacks_into(directory: Path | None, name: str):
     """The block's stacks sampled (``experiments.stacks``) and written to
-    ``directory/name.txt``, also when it is cut off; nothing without a directory."""
+    ``directory/name.txt``, also when it is cut off, and those of the processes it starts (the
+    measuring worker, each compile ahead) to ``directory/name/<pid>.txt``; nothing without a
+    directory."""
     if directory is None:
         yield
         return
-    from experiments.stacks import sampled
+    from experiments.stacks import in_every_process, sampled
 
-    with sampled() as stacks:
+    with in_every_process(directory / name), sampled() as stacks:
         try:
             yield
         finally:

@@ -6,7 +6,8 @@
 #   2. its accuracy entry (--accuracy 1e-2) on that cost log, so only reduced precisions are measured;
 #   3. the torch-entry test (a PyTorch module optimized for CUDA, torch.compile of it a finalist).
 # Each step is cut off so that the next has its chance; a step with under a minute left is skipped.
-# The Python stacks of the optimizations (experiments/stacks.py) say where their seconds went.
+# The Python stacks of the optimizations and of their worker processes (experiments/stacks.py)
+# say where their seconds went.
 #
 #   bash .gpu/part2/install && export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 && bash experiments/gpu_lend.sh 540
 #

@@ -40,3 +40,19 @@ def test_the_stacks_sampled_say_where_a_calls_seconds_went(tmp_path):
     lines = (tmp_path / "model.txt").read_text().splitlines()
     seconds = {line.split()[-1]: float(line.split()[0]) for line in lines[1:]}
     assert seconds["waiting"] > seconds["spinning"] > 0.1, lines
+
+
+def test_the_processes_a_sampled_call_starts_are_sampled_each_into_a_file_of_its_own(tmp_path):
+    """The measuring worker and each compile ahead are processes of their own, whose seconds the
+    calling process's stacks show only as waiting."""
+    import subprocess
+    import sys
+
+    napping = "import time\ndef napping():\n    time.sleep(1.5)\nnapping()\n"
+    with _stacks_into(tmp_path, "model"):
+        subprocess.run([sys.executable, "-c", napping], check=True)
+    subprocess.run([sys.executable, "-c", napping], check=True)  # after the block: not sampled
+    (written,) = (tmp_path / "model").glob("*.txt")
+    lines = written.read_text().splitlines()
+    assert lines[0].startswith("pid ") and "napping" in lines[0]
+    assert any(line.endswith(" napping") and float(line.split()[0]) > 1.0 for line in lines[2:]), lines
