@@ -19,11 +19,13 @@ The measurer also serves each backend's transition cost (``transition.py``), log
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -232,7 +234,7 @@ class Measurer:
                 batched.setdefault(c.backend, []).append(c)
         batches = [batch for same in batched.values() for batch in self._batches(same)]
         alone = [c for c in todo if not in_batches(c)]
-        self._warm([c for c in alone if self.backends[c.backend].compile_cache])
+        self._warm([c for c in alone if self.backends[c.backend].compile_cache], self._missing_transitions(todo))
         with tqdm(total=len(todo) + len(after), desc="measuring", unit="candidate", disable=not progress or not (todo or after),
                   file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5) as bar:
             # Whole-model candidates first: what they cost bounds the rest, as the transitions
@@ -293,14 +295,36 @@ class Measurer:
         costs = [self._costs.get(self.key(c)) for c in candidates if _whole(c) and c.precision == FLOAT32]
         return min((cost.median_ms for cost in costs if cost is not None and cost.is_valid), default=None)
 
-    def _warm(self, candidates: list[Candidate]) -> None:
-        """``candidates`` compiled first, in parallel processes (``warm``), where they are
-        measured on this machine: the worker's compile of each is then a hit of the on-disk
-        cache they leave."""
-        if len(candidates) < 2 or getattr(self.runner, "fleet", None) is not None:
+    def _warm(self, candidates: list[Candidate], transitions: list[str] = ()) -> None:
+        """``candidates``, and the transition probes of those of the ``transitions``' backends
+        that cache their compiles, compiled first in parallel processes (``warm``), where they
+        are measured on this machine: the worker's compile of each is then a hit of the on-disk
+        cache they leave (inductor's transition probe took 16 s of an H100 host's worker).
+        Meanwhile this process computes the graph's values (``_graph_values``), which measuring
+        needs and compiling does not (ResNet-50's, 12 s, had held the pool back)."""
+        processes = processes_here()
+        if processes < 2 or getattr(self.runner, "fleet", None) is not None:
             return
-        tasks = [(task, len(c.subgraph)) for c in candidates if isinstance(task := self._task(c), MeasureTask)]
-        self.warmed = self.warmed.and_then(warm([task for task, _ in tasks], [size for _, size in tasks], processes_here()))
+        tasks = []
+        for c in candidates:
+            with contextlib.suppress(ValueError):  # a symbolic shape: nothing to compile
+                tasks.append((self._compile_task(c.backend, c.subgraph.extract(), c.pattern, c.precision), len(c.subgraph)))
+        for name in transitions:
+            if self.backends[name].compile_cache:
+                for func, pattern in self._transition_task(name).compiles()[:1]:  # the probe tried first
+                    tasks.append((self._compile_task(name, func, pattern, FLOAT32), 1))
+        tasks = [(task, size) for task, size in tasks if task.backend.unavailable_reason(self.target) is None]
+        if len(tasks) < 2:
+            return
+        with ThreadPoolExecutor(1) as pool:
+            warming = pool.submit(warm, [task for task, _ in tasks], [size for _, size in tasks], processes)
+            self._graph_values()
+            self.warmed = self.warmed.and_then(warming.result())
+
+    def _compile_task(self, backend: str, func, pattern: str, precision: str) -> MeasureTask:
+        """What compiling ahead needs of a task: no inputs, no reference."""
+        return MeasureTask(self.backends[backend], func, pattern, self.target, self.device.threads, self.seed,
+                           self.timing, precision=precision)  # fmt: skip
 
     def _batches(self, candidates: list[Candidate]) -> list[list[Candidate]]:
         """``candidates`` in batches of at most ``BATCH``, and at least one per server of the

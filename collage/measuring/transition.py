@@ -81,15 +81,21 @@ class TransitionTask:
             tries += [(k, c.pattern) for c in generate(graph, [backend]) if len(c.subgraph) == len(graph)]
         return cls(backend, target, threads, timing, tuple(tries))
 
-    def measure(self) -> Cost:
-        """The transition into the backend, in ms per boundary; invalid when it runs none of
-        the probes."""
+    def compiles(self) -> list[tuple[relax.Function, str]]:
+        """The sub-graphs compiled to measure the transition, with their patterns, in the
+        order they are tried: a compile pool can build them ahead (``warm``)."""
         from ..candidates.subgraph import SubGraph
 
         every = probes()
-        for k, pattern in self.tries:
-            graph = DataflowGraph(every[k])
-            func = SubGraph(graph, frozenset(range(len(graph)))).extract()
+        graphs = [DataflowGraph(every[k]) for k, _ in self.tries]
+        return [(SubGraph(graph, frozenset(range(len(graph)))).extract(), pattern)
+                for graph, (_, pattern) in zip(graphs, self.tries)]  # fmt: skip
+
+    def measure(self) -> Cost:
+        """The transition into the backend, in ms per boundary; invalid when it runs none of
+        the probes."""
+        every = probes()
+        for (k, _), (func, pattern) in zip(self.tries, self.compiles()):
             kernel, reason = compile_kernel(self.backend, func, pattern, self.target, self.threads)
             if reason is not None:  # this probe is not for this backend; try the next
                 continue
