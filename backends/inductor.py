@@ -36,6 +36,7 @@ import functools
 import hashlib
 import os
 import platform
+import sys
 import warnings
 from pathlib import Path
 
@@ -130,10 +131,6 @@ def _package(module, examples: list, device: str, precision: str):
     return lambda *tensors: run(list(tensors))
 
 
-# What a probe of an instruction set found (``_remember_isa_probes``): first, it works here.
-VERDICTS = ("supported", "unsupported")
-
-
 def _remember_isa_probes() -> None:
     """Inductor's probes of the host's vector instructions (AVX2, AVX-512 and its VNNI and
     BF16, AMX) made once a machine, their verdicts kept on disk beside the packages.
@@ -142,7 +139,7 @@ def _remember_isa_probes() -> None:
     wrapper's flags; on loading, to warn if the compiling machine's differed), and inductor
     probes each the CPU reports by compiling a test program and loading it in a new Python
     process, which before PyTorch 2.13 imports torch there: on an H100's host (torch 2.11),
-    45 s in every process, paid by each compile ahead (a process each), the measuring
+    45-58 s in every process, paid by each compile ahead (a process each), the measuring
     worker and the assembly. A verdict depends on the machine, the compiler, PyTorch, the
     flags and the test program, all in its key (``_probe_key``); the first process to probe
     keeps it, the others read it, or wait for it (under a lock: compiles ahead start a dozen
@@ -159,19 +156,17 @@ def _remember_isa_probes() -> None:
         path = _package_dir().parent / "collage-isa-probes" / _probe_key(isa, code)
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(f"{path}.lock"):
-            verdict = path.read_text() if path.exists() else None
-            if verdict not in VERDICTS:  # none yet, or cut off while written
-                verdict = VERDICTS[not probe(isa, code)]
+            verdict = path.read_text() if path.exists() else ""
+            if verdict not in ("supported", "unsupported"):  # none yet, or cut off while written
+                verdict = "supported" if probe(isa, code) else "unsupported"
                 path.write_text(verdict)
-        return verdict == VERDICTS[0]
+        return verdict == "supported"
 
     remembered.remembered = True
     VecISA.check_build = remembered
 
 
 def _probe_key(isa, code: str) -> str:
-    import sys
-
     import torch
     from torch._inductor import config
 
