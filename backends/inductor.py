@@ -38,6 +38,7 @@ import os
 import platform
 import sys
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tvm import relax
@@ -164,6 +165,25 @@ def _remember_isa_probes() -> None:
 
     remembered.remembered = True
     VecISA.check_build = remembered
+
+
+def prepare(target: str) -> None:
+    """Inductor's checks of the host's vector instruction sets made now, each set's in a
+    thread of its own, and kept on disk (``_remember_isa_probes``): on a machine that has no
+    verdicts yet (torch 2.11 on an H100's host: ten probes, 58.5 s one after another, in
+    chains of one to five by set), the compiles ahead, each reaching them after its lowering,
+    then read them or wait for less. In the optimizing process only, beside the pool: each
+    set's check changes that set's flags while it runs, so two threads must not check one."""
+    from torch._inductor import cpu_vec_isa
+
+    _remember_isa_probes()
+    try:
+        reported = cpu_vec_isa.x86_isa_checker()  # the sets the CPU says it has
+        isas = [isa for isa in cpu_vec_isa.supported_vec_isa_list if reported and set(str(isa).split()) <= set(reported)]
+    except AttributeError:  # another PyTorch: its own check, in its own order, when a compile asks
+        return
+    with ThreadPoolExecutor(max(1, len(isas))) as pool:
+        list(pool.map(bool, isas))
 
 
 def _probe_key(isa, code: str) -> str:
@@ -343,4 +363,5 @@ BACKEND = Backend(
     precisions=lambda target: (TF32, *AUTOCAST),
     graph_safe=True,
     compile_cache=True,
+    prepare=prepare,
 )

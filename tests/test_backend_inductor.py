@@ -3,6 +3,8 @@ regions only (each compile takes seconds), serves CUDA and is graph-safe there. 
 checked against TVM on the CPU here (inductor compiles C++ for the CPU as it compiles Triton
 for the GPU); on a GPU, also its candidates, timed inside CUDA graphs, and whole optimizations."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -120,6 +122,40 @@ def test_inductors_probe_of_the_hosts_instruction_sets_is_made_once_a_machine(tm
         assert probed == ["avx2", "avx512 avx512_vnni amx_tile"], f"process {process}"
     verdicts = sorted(path.read_text() for path in tmp_path.glob("collage-isa-probes/*") if path.suffix != ".lock")
     assert verdicts == ["supported", "unsupported"]
+
+
+def test_preparing_checks_the_instruction_sets_the_cpu_reports_at_once(tmp_path, monkeypatch):
+    """Beside the compile pool, the optimizing process checks each instruction set in a thread
+    of its own (torch 2.11 on an H100's host: ten probes, 58.5 s one after another) and
+    keeps the verdicts, which the pool's compiles then read."""
+    import threading
+
+    from torch._inductor import cpu_vec_isa
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    # Of classes of their own: torch's sets are equal by their fields, and each one's verdict
+    # is cached for the process (by an earlier test here).
+    kinds = (cpu_vec_isa.VecAMX, cpu_vec_isa.VecAVX512VNNI, cpu_vec_isa.VecAVX512, cpu_vec_isa.VecAVX2)
+    fresh = [type(f"Unchecked{kind.__name__}", (kind,), {})() for kind in kinds]
+    monkeypatch.setattr(cpu_vec_isa, "supported_vec_isa_list", fresh)
+    monkeypatch.setattr(cpu_vec_isa, "x86_isa_checker", lambda: ["avx2", "avx512", "avx512_vnni", "amx_tile"])
+    lock, running, most, probed = threading.Lock(), [0], [0], []
+
+    def probe(isa, code):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.3)
+        with lock:
+            running[0] -= 1
+            probed.append(str(isa))
+        return True
+
+    monkeypatch.setattr(cpu_vec_isa.VecISA, "check_build", probe)
+    inductor.prepare("cuda")
+    assert most[0] == len(fresh) and set(probed) == {str(isa) for isa in fresh}
+    verdicts = [path.read_text() for path in tmp_path.glob("collage-isa-probes/*") if path.suffix != ".lock"]
+    assert verdicts == ["supported"] * len(probed)
 
 
 # ------------------------------------------------------------------ on a GPU

@@ -103,7 +103,8 @@ def test_compiling_ahead_takes_the_transition_probe_and_the_graphs_values_are_co
     """Where a backend's compiles leave a cache (inductor's packages), its transition probe is
     compiled ahead with its candidates (inductor's took 16 s of an H100 host's measuring
     worker), and the graph's values, which measuring needs and compiling does not, are
-    computed while the pool compiles (ResNet-50's 12 s had held the pool back)."""
+    computed while the pool compiles (ResNet-50's 12 s had held the pool back), as is the
+    backend's set-up that each compile would wait for (``Backend.prepare``)."""
     import dataclasses
     import threading
 
@@ -113,9 +114,13 @@ def test_compiling_ahead_takes_the_transition_probe_and_the_graphs_values_are_co
     from collage.patterns.fusion import anchor_then_elementwise
 
     any_op = PatternRule("cached.any", lambda graph, node: True, anchor_then_elementwise)
-    cached = dataclasses.replace(NUMPY, name="cached", compile_cache=True, rules=(any_op,))
+    compiling, compiled, overlapped, prepared = threading.Event(), [], [], []
+
+    def prepare(target):  # beside the pool
+        prepared.append((target, compiling.wait(timeout=2)))
+
+    cached = dataclasses.replace(NUMPY, name="cached", compile_cache=True, rules=(any_op,), prepare=prepare)
     m = measurer(tmp_path, cached, runner=InProcess())
-    compiling, compiled, overlapped = threading.Event(), [], []
     values = m._graph_values
 
     def graph_values():  # first called once the pool compiles, not before
@@ -133,7 +138,7 @@ def test_compiling_ahead_takes_the_transition_probe_and_the_graphs_values_are_co
     candidates = generate(DataflowGraph.from_module(Unary), m.backends)
     m.measure_all(candidates, progress=False)
     ahead = [c for c in candidates if c.backend == "cached"]
-    assert overlapped[0] and m.warmed.compiled == len(ahead) + 1
+    assert overlapped[0] and m.warmed.compiled == len(ahead) + 1 and prepared == [("llvm", True)]
     assert len(compiled) == len(ahead) + 1 and {backend for backend, _, _ in compiled} == {"cached"}
     assert all(reference is None for _, _, reference in compiled)  # compiling needs no values
     assert all(m.cost(c).is_valid for c in candidates if c.backend == "cached")

@@ -98,6 +98,9 @@ class Backend:
     declares that its compiles keep what they built on disk, where the same compile in another
     process finds it (inductor's AOTInductor packages): its candidates are then compiled first
     in parallel processes (``measuring.warm``), and the measuring worker's compiles load them.
+    ``prepare(target)``, for such a backend, is what all those compiles wait for that can
+    start before them: it runs in the optimizing process beside the pool (inductor: probing
+    the host's CPU, once a machine).
     """
 
     name: str
@@ -115,6 +118,7 @@ class Backend:
     precisions: Callable[[str], tuple[str, ...]] | None = None  # reduced precisions it runs natively here
     graph_safe: bool = False  # on TVM's CUDA stream, no host wait: a CUDA graph may capture its kernels
     compile_cache: bool = False  # its compiles leave an on-disk cache another process's compile hits
+    prepare: Callable[[str], None] | None = None  # for compile_cache: their common set-up, started beside them
 
     def __post_init__(self):
         if self.kind not in (OP_LEVEL, GRAPH_LEVEL):

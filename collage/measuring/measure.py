@@ -301,7 +301,8 @@ class Measurer:
         are measured on this machine: the worker's compile of each is then a hit of the on-disk
         cache they leave (inductor's transition probe took 16 s of an H100 host's worker).
         Meanwhile this process computes the graph's values (``_graph_values``), which measuring
-        needs and compiling does not (ResNet-50's, 12 s, had held the pool back)."""
+        needs and compiling does not (ResNet-50's, 12 s, had held the pool back), and the
+        backends' set-up that their compiles would each wait for (``Backend.prepare``)."""
         processes = processes_here()
         if processes < 2 or getattr(self.runner, "fleet", None) is not None:
             return
@@ -316,8 +317,11 @@ class Measurer:
         tasks = [(task, size) for task, size in tasks if task.backend.unavailable_reason(self.target) is None]
         if len(tasks) < 2:
             return
-        with ThreadPoolExecutor(1) as pool:
+        preparing = {task.backend.name: task.backend.prepare for task, _ in tasks if task.backend.prepare is not None}
+        with ThreadPoolExecutor(1 + len(preparing)) as pool:
             warming = pool.submit(warm, [task for task, _ in tasks], [size for _, size in tasks], processes)
+            for prepare in preparing.values():
+                pool.submit(prepare, self.target)  # what it finds is on disk; a failure, each compile's own
             self._graph_values()
             self.warmed = self.warmed.and_then(warming.result())
 
