@@ -123,23 +123,23 @@ def in_every_process(directory: Path):
     the table to ``directory/<pid>.txt``, headed by its command line, while it runs and when it
     exits. Through ``sitecustomize``, which Python imports in every process it starts from a
     directory on ``PYTHONPATH`` (collage's workers pass this process's ``sys.path`` on)."""
-    hook = Path(tempfile.mkdtemp(prefix="collage-stacks-"))
     root = str(Path(__file__).resolve().parents[1])
-    (hook / "sitecustomize.py").write_text(
-        f"import sys\nsys.path.append({root!r})\nfrom experiments.stacks import sample_this_process\nsample_this_process()\n")
     saved = {name: os.environ.get(name) for name in (DIRECTORY_ENV, "PYTHONPATH")}
-    os.environ[DIRECTORY_ENV] = str(directory)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(hook), saved["PYTHONPATH"])))
-    sys.path.insert(0, str(hook))
-    try:
-        yield
-    finally:
-        sys.path.remove(str(hook))
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with tempfile.TemporaryDirectory(prefix="collage-stacks-") as hook:
+        (Path(hook) / "sitecustomize.py").write_text(
+            f"import sys\nsys.path.append({root!r})\nfrom experiments.stacks import sample_this_process\nsample_this_process()\n")
+        os.environ[DIRECTORY_ENV] = str(directory)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (hook, saved["PYTHONPATH"])))
+        sys.path.insert(0, hook)
+        try:
+            yield
+        finally:
+            sys.path.remove(hook)
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def sample_this_process(interval: float = INTERVAL_S) -> None:

@@ -129,7 +129,7 @@ def test_compiling_ahead_takes_the_transition_probe_and_the_graphs_values_are_co
 
     def warm(tasks, sizes, processes):
         compiling.set()
-        compiled.extend((task.backend.name, len(task.func.params), task.reference) for task in tasks)
+        compiled.extend((task.backend.name, task.reference) for task in tasks)
         return Warmed(len(tasks), processes)
 
     monkeypatch.setattr(m, "_graph_values", graph_values)
@@ -139,8 +139,8 @@ def test_compiling_ahead_takes_the_transition_probe_and_the_graphs_values_are_co
     m.measure_all(candidates, progress=False)
     ahead = [c for c in candidates if c.backend == "cached"]
     assert overlapped[0] and m.warmed.compiled == len(ahead) + 1 and prepared == [("llvm", True)]
-    assert len(compiled) == len(ahead) + 1 and {backend for backend, _, _ in compiled} == {"cached"}
-    assert all(reference is None for _, _, reference in compiled)  # compiling needs no values
+    assert len(compiled) == len(ahead) + 1 and {backend for backend, _ in compiled} == {"cached"}
+    assert all(reference is None for _, reference in compiled)  # compiling needs no values
     assert all(m.cost(c).is_valid for c in candidates if c.backend == "cached")
 
 

@@ -94,13 +94,12 @@ class TransitionTask:
     def measure(self) -> Cost:
         """The transition into the backend, in ms per boundary; invalid when it runs none of
         the probes."""
-        every = probes()
-        for (k, _), (func, pattern) in zip(self.tries, self.compiles()):
+        for func, pattern in self.compiles():
             kernel, reason = compile_kernel(self.backend, func, pattern, self.target, self.threads)
             if reason is not None:  # this probe is not for this backend; try the next
                 continue
             try:
-                return _measure(kernel, every[k], self.target, self.timing, self.backend)
+                return _measure(kernel, func, self.target, self.timing, self.backend)
             except Exception as err:  # a backend that fails here pays no transition, never raises  # noqa: BLE001
                 return Cost.invalid(f"transition probe failed: {type(err).__name__}: {first_line(err)}")
         return Cost.invalid(f"{self.backend.name} runs none of the transition probes")
