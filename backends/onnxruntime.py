@@ -5,8 +5,10 @@ InferenceSession. The kernel binds the caller's TVM tensors by pointer with IOBi
 ONNX Runtime reads the inputs and writes the outputs in place: no copy either way.
 
 Settings: those of its users (all graph optimizations, one inter-op thread), except that a
-kernel among other libraries' kernels stops its threads spinning after each run; the
-engine alone (``alone``: the whole model, or all but trivial ops) keeps them spinning.
+kernel among other libraries' kernels stops its threads spinning after each run (the
+engine alone, ``alone``: the whole model, or all but trivial ops, keeps them spinning), and
+that a rewrite which would change what the model computes is left out
+(``collage.model.frontend.unsound_ort_rewrites``: a zero Pad folded into a MaxPool).
 Threads: ``compile``'s ``threads`` sets the session's intra-op threads (0 leaves ONNX
 Runtime's default, one per physical core).
 Precision: with an accuracy budget, int8 too, where the CPU has AVX2: ONNX Runtime's dynamic
@@ -35,12 +37,15 @@ from collage.candidates.onnx_convert import convertible, to_onnx
 from collage.candidates.pattern import PatternRule
 from collage.candidates.precision import FLOAT32, INT8, int8_unavailable
 from collage.measuring.cost import cpu_info
+from collage.model.frontend import unsound_ort_rewrites
 
 # What dynamic quantization rewrites; convolutions are left in float32 (see above).
 QUANTIZED_OPS = ("MatMul", "Gemm")
 
 
-def _session(model_bytes: bytes, threads: int, alone: bool):
+def _session(model_bytes: bytes, threads: int, alone: bool, disabled: list[str]):
+    """A session of ``model_bytes`` with its users' settings, less the ``disabled`` rewrites
+    (``unsound_ort_rewrites``: ones that would change what it computes)."""
     import onnxruntime as ort
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
@@ -59,7 +64,7 @@ def _session(model_bytes: bytes, threads: int, alone: bool):
     # tvm and onnxruntime it ran SqueezeNet faster (4.7 ms, against 6.4), but OpenVINO, timed
     # in alternation with it, then ran ResNet-50 in 40.6 ms instead of 21.
     try:
-        return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
     except (ort_errors.NotImplemented, ort_errors.InvalidGraph) as error:
         # No kernel for an operator at this dtype, or an ONNX type constraint it breaks.
         raise Unsupported(f"ONNX Runtime cannot run this sub-graph: {error}") from None
@@ -71,7 +76,8 @@ def _slots(values) -> list[tuple[str, object]]:
 
 
 def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool = False, precision: str = FLOAT32):
-    session = _session((model if precision == FLOAT32 else quantized(model)).SerializeToString(), threads, alone)
+    run = model if precision == FLOAT32 else quantized(model)
+    session = _session(run.SerializeToString(), threads, alone, unsound_ort_rewrites(model))
     initializers = {t.name for t in model.graph.initializer}
     slots = [(True, *slot) for slot in _slots(v for v in model.graph.input if v.name not in initializers)]
     slots += [(False, *slot) for slot in _slots(model.graph.output)]

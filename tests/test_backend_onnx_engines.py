@@ -55,6 +55,17 @@ class WithUnknownOp:
 
 
 @I.ir_module
+class ZeroPadThenMaxPool:
+    @R.function
+    def main(x: R.Tensor((1, 2, 6, 6), "float32")):
+        with R.dataflow():
+            p = R.nn.pad(x, [0, 0, 0, 0, 1, 1, 1, 1], "constant", 0.0)  # zeros, not MaxPool's -inf
+            y = R.nn.max_pool2d(p, pool_size=[3, 3], strides=[2, 2])
+            R.output(y)
+        return y
+
+
+@I.ir_module
 class IntegerFloor:
     @R.function
     def main(x: R.Tensor((4,), "int32")):
@@ -128,6 +139,19 @@ def test_onnx_runtime_computes_matmuls_with_constant_weights_in_int8():
     (matmul_relu,) = [c for c in generate(nothing_to_quantize, [backend]) if c.subgraph.nodes == {0, 1}]
     _, reason = compile_kernel(backend, matmul_relu.subgraph.extract(), "onnxruntime.fused", "llvm", 1, precision=INT8)
     assert reason == "unsupported: int8: no matmul with a constant weight to quantize"
+
+
+def test_onnx_runtime_keeps_a_zero_pad_before_a_max_pool():
+    # ONNX Runtime's Pad_Fusion would make the Pad the pool's own padding, -inf: on negative
+    # inputs every window over the border would give a negative maximum instead of the 0.
+    backend = runnable(engine("onnxruntime"), "llvm")
+    func = DataflowGraph.from_module(ZeroPadThenMaxPool).func
+    arrays = [-np.abs(a) - 0.5 for a in random_inputs(func)]
+    kernel, reason = compile_kernel(backend, func, "onnxruntime.fused", "llvm", 1)
+    assert reason is None
+    (actual,) = run_kernel(kernel, func, arrays)
+    assert mismatch([actual], run_reference(func, arrays)) is None
+    assert actual[..., 0, 0].max() == 0.0  # a corner window: four negative values and five zeros
 
 
 @pytest.mark.parametrize("name, target", ENGINES)

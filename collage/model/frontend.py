@@ -201,9 +201,40 @@ def cleaned_up(model):
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     with tempfile.TemporaryDirectory() as tmp:
         options.optimized_model_filepath = str(Path(tmp) / "cleaned.onnx")
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                             disabled_optimizers=unsound_ort_rewrites(model))  # fmt: skip
         cleaned = onnx.load(options.optimized_model_filepath)
     return onnx.shape_inference.infer_shapes(cleaned)
+
+
+# ONNX Runtime's graph rewrites that change what a model computes, by the name its
+# ``disabled_optimizers`` takes, each with the operators it must not be let near: Pad_Fusion
+# moves a Pad into the MaxPool reading it, as the pool's own padding, which MaxPool fills with
+# -inf whatever value the Pad wrote. BiT's stem pads its convolution's output with zeros before
+# a max-pool: fused, a border window of negative values gave their maximum instead of the 0 the
+# Pad put there (ONNX Runtime 1.31: 3e-3 off torch's output, and the clean-up above, which
+# makes the Pad's widths constants for it, passed the error on to TVM's import).
+UNSOUND_ORT_REWRITES = {"Pad_Fusion": ("Pad", "MaxPool")}
+
+
+def unsound_ort_rewrites(model) -> list[str]:
+    """The rewrites of ``UNSOUND_ORT_REWRITES`` that could change what ``model`` (an
+    ``onnx.ModelProto``) computes: those whose first operator feeds the second somewhere in
+    it, its sub-graphs included. An ONNX Runtime session of ``model`` disables them."""
+    import onnx
+
+    fed: set[tuple[str, str]] = set()  # (producer op, consumer op) pairs along an edge
+
+    def visit(graph) -> None:
+        producer = {name: node.op_type for node in graph.node for name in node.output}
+        for node in graph.node:
+            fed.update((producer[name], node.op_type) for name in node.input if name in producer)
+            for attribute in node.attribute:
+                for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                    visit(sub)
+
+    visit(model.graph)
+    return [rewrite for rewrite, edge in UNSOUND_ORT_REWRITES.items() if edge in fed]
 
 
 def _check_shapes(path: Path, model, shapes) -> None:
