@@ -36,7 +36,7 @@ from .deploying.optimized import OptimizedModule
 from .deploying.report import dominant_tvm_ops
 from .deploying.saved import (LoggedCosts, PlacementFileError, PlacementWarning, check_backends, partitions_of,
                               read_placement)
-from .placing.recorded import check_model, model_hash, replay_substitutions
+from .placing.recorded import check_model, module_hash, replay_substitutions
 from .errors import OptimizeError
 from .measuring.cost import Cost, Device
 from .measuring.cost_log import CostLog
@@ -195,7 +195,7 @@ def optimize_with(
     try:
         graph = dataflow_graph(prepared)
     except Unplaceable as err:
-        record.unplaced, record.unplaced_hash, record.chosen = str(err), model_hash(prepared["main"]), UNPLACED
+        record.unplaced, record.unplaced_hash, record.chosen = str(err), module_hash(prepared), UNPLACED
         return _unplaced(model, config, record, started)
 
     race = functools.partial(_race, model=model, config=config, meter=meter, record=record)
@@ -388,7 +388,7 @@ def load_placement(
     model = prepare_model(config, mod, backends if backends is not None else saved.backends, cost_log, params)
     record = RunRecord(seed=config.seed, objective=config.objective, chosen=SAVED, accuracy=config.accuracy)
     if placement.model.unplaced is not None:
-        if placement.model.hash != model_hash(model.prepared["main"]):
+        if placement.model.hash != module_hash(model.prepared):
             raise PlacementFileError(f"{path}: placement was made for another model (hash {placement.model.hash})")
         record.unplaced, record.unplaced_hash, record.chosen = placement.model.unplaced, placement.model.hash, UNPLACED
         return _unplaced(model, config, record, started)

@@ -18,6 +18,7 @@ point into, with the operator at each index checked again when it is read back
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import tvm
@@ -27,7 +28,7 @@ from ..candidates.generate import FILE_SUFFIX, PROGRAM_SUFFIX, Candidate
 from ..candidates.precision import FLOAT32
 from ..candidates.subgraph import SubGraph
 from ..errors import PlacementFileError
-from ..model.graph import DataflowGraph
+from ..model.graph import DataflowGraph, called_functions
 from .placement import Partition
 from .substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .substitute import Step, replay
@@ -103,7 +104,7 @@ class RecordedPlacement:
     def of(cls, partitions, substitutions=()) -> RecordedPlacement:
         """``partitions`` (``Partition``s over one graph) as recorded."""
         graph = partitions[0].candidate.subgraph.graph if partitions else None
-        model = RecordedModel(model_hash(graph.func), len(graph)) if graph is not None else RecordedModel()
+        model = RecordedModel(graph_hash(graph), len(graph)) if graph is not None else RecordedModel()
         return cls(model, tuple(map(RecordedPartition.of, partitions)), tuple(map(tuple, substitutions)))
 
     @property
@@ -139,18 +140,37 @@ class RecordedPlacement:
         return cls(recorded, tuple(parts), tuple(map(tuple, record.get("substitutions") or ())))
 
 
-def model_hash(main: tvm.relax.Function) -> str:
-    """The structural hash of the (bound, simplified) ``main`` a placement indexes."""
-    return f"{tvm_ffi.structural_hash(main):016x}"
+def model_hash(main: tvm.relax.Function, callees: Mapping[tvm.ir.GlobalVar, tvm.ir.BaseFunc] | None = None) -> str:
+    """The structural hash of the (bound, simplified) ``main`` a placement indexes, with the
+    functions it calls (``callees``: TVM's importers write some operators as ``call_tir`` of
+    a PrimFunc of their own, such as the ONNX importer's Pad). To the hash a GlobalVar is a
+    free variable, hashed by identity unless mapped: each import of the same file then hashed
+    differently (BiT's ONNX file, whose finalists could not be raced again in a fresh
+    process). So with callees, GlobalVars count by where they appear and each callee by its
+    contents, in order of name; without, the hash is ``main``'s alone, as saved placements have it."""
+    if not callees:
+        return f"{tvm_ffi.structural_hash(main):016x}"
+    ordered = [callees[gv] for gv in sorted(callees, key=lambda gv: gv.name_hint)]
+    return f"{tvm_ffi.structural_hash([main, *ordered], map_free_vars=True):016x}"
+
+
+def graph_hash(graph: DataflowGraph) -> str:
+    """``model_hash`` of the model ``graph`` is."""
+    return model_hash(graph.func, graph.callees)
+
+
+def module_hash(mod: tvm.IRModule) -> str:
+    """``model_hash`` of ``mod``'s ``main`` and the functions it calls."""
+    return model_hash(mod["main"], called_functions(mod, mod["main"]))
 
 
 def check_model(graph: DataflowGraph, placement: RecordedPlacement, where) -> None:
     """The model is the one the placement was made for: same hash, same op at every node."""
     saved = placement.model
-    if saved.hash != model_hash(graph.func) or saved.ops != len(graph):
+    if saved.hash != graph_hash(graph) or saved.ops != len(graph):
         raise PlacementFileError(
             f"{where}: placement was made for another model (saved: {saved.ops} ops, hash {saved.hash}; "
-            f"this model: {len(graph)} ops, hash {model_hash(graph.func)})"
+            f"this model: {len(graph)} ops, hash {graph_hash(graph)})"
         )
     for k, entry in enumerate(placement.partitions):
         if any(not 0 <= i < len(graph) for i in entry.nodes):
