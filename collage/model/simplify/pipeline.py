@@ -25,7 +25,7 @@ from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE
 from .idioms import (CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_ON_ALL_AXES, MATRIX_WEIGHT, MERGE_CLIPS,
                      TE_CALLS_AS_OPS, WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
 from .ops import binding_count, op_count
-from .transposes import COMPOSE_PERMUTE_DIMS, IDENTITY_PERMUTE_DIMS, MATMUL_OF_TRANSPOSES
+from .transposes import COMPOSE_PERMUTE_DIMS, IDENTITY_PERMUTE_DIMS, MATMUL_OF_TRANSPOSES, PERMUTE_DIMS_OF_UNIT_AXES
 
 
 class Step(Protocol):
@@ -87,6 +87,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     IDENTITY_PERMUTE_DIMS,
     COMPOSE_PERMUTE_DIMS,
     MATMUL_OF_TRANSPOSES,
+    PERMUTE_DIMS_OF_UNIT_AXES,  # last: two transposes that meet compose first, unit axes and all
 )
 
 
