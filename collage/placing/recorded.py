@@ -166,11 +166,11 @@ def module_hash(mod: tvm.IRModule) -> str:
 
 def check_model(graph: DataflowGraph, placement: RecordedPlacement, where) -> None:
     """The model is the one the placement was made for: same hash, same op at every node."""
-    saved = placement.model
-    if saved.hash != graph_hash(graph) or saved.ops != len(graph):
+    saved, here = placement.model, graph_hash(graph)
+    if saved.hash != here or saved.ops != len(graph):
         raise PlacementFileError(
             f"{where}: placement was made for another model (saved: {saved.ops} ops, hash {saved.hash}; "
-            f"this model: {len(graph)} ops, hash {graph_hash(graph)})"
+            f"this model: {len(graph)} ops, hash {here})"
         )
     for k, entry in enumerate(placement.partitions):
         if any(not 0 <= i < len(graph) for i in entry.nodes):

@@ -29,7 +29,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from .ops import literal
+from .ops import literal, static_shape
 from .pattern_rewrite import Matches, PatternRewrite
 
 # Operators whose legalization an importer may have emitted itself (topi's element-wise ops).
@@ -154,18 +154,9 @@ _biased = is_op("relax.add")(_product, _bias)
 _unflat = is_op("relax.reshape")(_biased | _product, wildcard())
 
 
-def _shape(expr: relax.Expr) -> list[int] | None:
-    """The static shape of ``expr``; None when some extent is symbolic or the rank unknown."""
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None or not isinstance(shape, relax.ShapeExpr):
-        return None
-    values = [literal(v) for v in shape.values]
-    return None if None in values else values
-
-
 def _linear_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
     x, weight, biased, after = matches[_features], matches[_weight], matches.get(_biased), matches[_unflat]
-    x_shape, w_shape, flat_shape, out_shape = (_shape(e) for e in (x, weight, matches[_flat], after))
+    x_shape, w_shape, flat_shape, out_shape = (static_shape(e) for e in (x, weight, matches[_flat], after))
     if None in (x_shape, w_shape, flat_shape, out_shape) or len(w_shape) != 2 or len(flat_shape) != 2:
         return None
     (rows, features), outputs = flat_shape, w_shape[1]
@@ -179,7 +170,7 @@ def _linear_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
     if biased is not None:
         if matches[_product] not in single_use:
             return None  # the flat product is read elsewhere: rewriting would compute it twice
-        bias_shape = _shape(matches[_bias])
+        bias_shape = static_shape(matches[_bias])
         if bias_shape is None or len(bias_shape) > 2 or any(d != 1 for d in bias_shape[:-1]):
             return None  # a bias per row of the flat product: it needs the flat layout
     x = x if x_shape == leading + [features] else relax.op.reshape(x, leading + [features])
@@ -206,7 +197,7 @@ _batched_back = is_op("relax.reshape")(_batched, wildcard())
 
 def _matmul_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
     flats = [matches.get(_left_flat, matches.get(_left_constant)), matches.get(_right_flat, matches.get(_right_constant))]
-    out, left_flat, right_flat = _shape(matches[_batched_back]), _shape(flats[0]), _shape(flats[1])
+    out, left_flat, right_flat = static_shape(matches[_batched_back]), static_shape(flats[0]), static_shape(flats[1])
     if None in (out, left_flat, right_flat) or len(out) < 4 or len(left_flat) != 3 or len(right_flat) != 3:
         return None
     # The batch axes are those the reshape after restores.
@@ -223,7 +214,7 @@ def _matmul_on_all_axes(matches: Matches, single_use: set) -> relax.Expr | None:
             operands.append((relax.const(matches[constant].value.numpy().reshape(wanted)), False))
             continue
         operand = matches[unflat]
-        shape = _shape(operand)
+        shape = static_shape(operand)
         if shape is None or shape[-2:] != wanted[-2:]:
             return None
         # Grouped-query attention: RemoveRedundantReshape merged the key/value repeat's
@@ -250,7 +241,7 @@ _product_of_constant = is_op("relax.matmul")(_activations, _stacked_weight)
 
 
 def _matrix_weight(matches: Matches, single_use: set) -> relax.Expr | None:
-    x_shape, w_shape = _shape(matches[_activations]), _shape(matches[_stacked_weight])
+    x_shape, w_shape = static_shape(matches[_activations]), static_shape(matches[_stacked_weight])
     if None in (x_shape, w_shape) or len(w_shape) <= 2 or any(d != 1 for d in w_shape[:-2]):
         return None
     if len(x_shape) < len(w_shape):
@@ -273,7 +264,7 @@ _take = is_op("relax.take")(_taken, _indices)
 def _wrapped_indices(matches: Matches, single_use: set) -> relax.Expr | None:
     take = matches[_take]
     indices = matches[_indices].value.numpy()
-    shape = _shape(matches[_taken])
+    shape = static_shape(matches[_taken])
     if shape is None or indices.dtype.kind not in "iu" or not (indices < 0).any() or take.attrs.axis is None:
         return None
     extent = shape[int(take.attrs.axis) % len(shape)]

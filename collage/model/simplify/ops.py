@@ -43,3 +43,12 @@ def literal(value) -> int | float | None:
     if isinstance(value, tvm.tirx.FloatImm):
         return float(value.value)
     return None
+
+
+def static_shape(expr: relax.Expr) -> list[int] | None:
+    """The static shape of ``expr``; None when some extent is symbolic or the rank unknown."""
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or not isinstance(shape, relax.ShapeExpr):
+        return None
+    values = [literal(v) for v in shape.values]
+    return None if None in values else values

@@ -7,10 +7,10 @@ to rewrite here is transposes meeting each other.
 
 from __future__ import annotations
 
-import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
+from .ops import static_shape
 from .pattern_rewrite import Matches, PatternRewrite
 
 
@@ -70,13 +70,6 @@ COMPOSE_PERMUTE_DIMS = PatternRewrite("compose_permute_dims", _outer, _compose_p
 # --------------------------------------------------------------------------- permute_dims_of_unit_axes
 
 
-def _static(ty) -> list[int] | None:
-    shape = getattr(ty, "shape", None)
-    if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
-        return None
-    return [int(d) for d in shape]
-
-
 # Transposes of up to this many axes are the engines' fast ones, and the ones their fusions
 # recognise (a matmul's transposed operand, attention's heads): rewritten with reshapes around
 # them, SegFormer's 4-d head transposes ran 3% slower in OpenVINO; past it, OpenVINO runs a
@@ -88,12 +81,13 @@ def _permute_dims_of_unit_axes(matches: Matches, single_use: set) -> relax.Expr 
     """A transpose that also moves axes of length one is a transpose of the other axes,
     between reshapes (views, which cost nothing); where those others keep their order, a
     reshape alone. Where the unit axes keep their places, or the transpose has at most
-    ``FAST_TRANSPOSE_RANK`` axes, it is left as it is. PyTorch exports an einsum as 5-d transposes with unit axes around a
-    batched matmul (Funnel's relative attention: [4, 64, 1, 1, 256] to [1, 64, 4, 256, 1]),
-    which OpenVINO's generic transpose ran at 4x the time of the same move in fewer axes: 0.52
-    of Funnel's 1.87 ms, against 0.14 for torch's own ONNX export of the einsums."""
+    ``FAST_TRANSPOSE_RANK`` axes, it is left as it is. PyTorch exports an einsum as 5-d
+    transposes with unit axes around a batched matmul (Funnel's relative attention:
+    [4, 64, 1, 1, 256] to [1, 64, 4, 256, 1]), which OpenVINO's generic transpose ran at 4x
+    the time of the same move in fewer axes: 0.52 of Funnel's 1.87 ms, against 0.14 for
+    torch's own ONNX export of the einsums."""
     permute = matches[_permute]
-    axes, shape, out = _axes(permute), _static(matches[_input].ty), _static(permute.ty)
+    axes, shape, out = _axes(permute), static_shape(matches[_input]), static_shape(permute)
     if axes is None or shape is None or out is None or 1 not in shape or len(shape) <= FAST_TRANSPOSE_RANK:
         return None
     kept = [axis for axis in range(len(shape)) if shape[axis] != 1]
