@@ -79,6 +79,9 @@ def test_the_users_program_compiles_whole_in_place_of_main_on_the_cpu():
     finalist = checked_on_program(imported.mod, DataflowGraph(func), BACKEND, imported.program, check, "llvm", 2)
     ((partition, name, _),) = finalist.assembly.kernels
     assert partition.pattern == f"inductor{PROGRAM_SUFFIX}" and finalist.assembly.sources[name].program is imported.program
+    # The imported main returns its one output in a tuple: so does its replacement, so that
+    # ``opt(x)`` has one shape whichever finalist is kept.
+    tvm.ir.assert_structural_equal(finalist.assembly.module["main"].ret_ty, func.ret_ty)
     wrong = Reference(arrays, [expected + 1.0 for expected in check.outputs])
     with pytest.raises(EngineAloneFailed, match="inductor on the PyTorch module disagrees with the unoptimized module"):
         checked_on_program(imported.mod, DataflowGraph(func), BACKEND, imported.program, wrong, "llvm", 2)
