@@ -212,6 +212,7 @@ def optimize_with(
     measurer.measure_all(candidates, progress=config.progress)
     record.measured, record.compiled_ahead = measurer.measured, measurer.warmed
     record.measuring_by_backend, record.values_s = dict(measurer.seconds_by_backend), measurer.values_s
+    record.compiling_by_backend = dict(measurer.compile_s_by_backend)
     record.skipped, record.timed_out = dict(Counter(measurer.skipped.values())), measurer.timed_out
     record.timed_once = measurer.timed_once
     record.distinct = len({measurer.key(c) for c in candidates})

@@ -107,6 +107,7 @@ class RunRecord:
     measured: int = 0  # candidates measured by this call (the rest came from the cost log)
     compiled_ahead: Warmed = Warmed()  # what the compile pool did before measuring
     measuring_by_backend: dict[str, float] = field(default_factory=dict)  # backend -> seconds its candidates took
+    compiling_by_backend: dict[str, float] = field(default_factory=dict)  # backend -> of those, seconds compiling
     values_s: float = 0.0  # seconds computing the model's values (the candidates' inputs and references)
     assembled_s: dict[str, float] = field(default_factory=dict)  # finalist, or a step of assembling -> its seconds
     skipped: dict[str, int] = field(default_factory=dict)  # search-bound rule -> candidates not measured

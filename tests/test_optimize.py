@@ -191,6 +191,10 @@ def test_report_names_partitions_shares_and_times(tmp_path):
     (measuring,) = [line for line in text.splitlines() if line.startswith("measuring's ")]
     assert set(opt.record.measuring_by_backend) == {"tvm", "numpy"} and opt.record.values_s > 0
     assert re.search(r"tvm \d+\.\d s", measuring) and "numpy" in measuring and "the model's values" in measuring
+    # Of each backend's seconds, those its compiles took in the worker (TVM's LLVM, here).
+    compiling = opt.record.compiling_by_backend
+    assert 0 < compiling["tvm"] <= opt.record.measuring_by_backend["tvm"]
+    assert re.search(rf"tvm \d+\.\d s \({compiling['tvm']:.1f} compiling\)", measuring)
     assert sum(opt.record.measuring_by_backend.values()) + opt.record.values_s <= opt.record.seconds.measure
     assert set(opt.record.assembled_s) >= {"op-level"} and "assembling and checking's " in text
     assert sum(opt.record.assembled_s.values()) <= opt.record.seconds.assemble

@@ -63,9 +63,13 @@ def _stages_text(seconds) -> str:
 
 
 def measuring_text(r) -> str | None:
-    """Where measuring's time went (a ``RunRecord``'s): each backend's candidates, the model's
-    values and the compile pool; None when nothing was measured."""
-    parts = [f"{backend} {seconds:.1f} s" for backend, seconds in sorted(r.measuring_by_backend.items(), key=lambda kv: -kv[1])]
+    """Where measuring's time went (a ``RunRecord``'s): each backend's candidates (and how
+    much of it compiling), the model's values and the compile pool; None when nothing was
+    measured."""
+    parts = []
+    for backend, seconds in sorted(r.measuring_by_backend.items(), key=lambda kv: -kv[1]):
+        compiling = r.compiling_by_backend.get(backend, 0.0)
+        parts.append(f"{backend} {seconds:.1f} s" + (f" ({compiling:.1f} compiling)" if compiling >= 0.05 else ""))
     if r.values_s:
         parts.append(f"the model's values {r.values_s:.1f} s")
     warmed = r.compiled_ahead

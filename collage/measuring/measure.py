@@ -101,6 +101,7 @@ class Measurer:
         # from each backend's works being sent to their results back (compiling, checking and
         # timing its candidates, probing its transition), and computing the model's values.
         self.seconds_by_backend: dict[str, float] = {}
+        self.compile_s_by_backend: dict[str, float] = {}  # of those seconds, compiling (``MeasureResult.compile_s``)
         self.values_s = 0.0
         self.skipped: dict[LogKey, str] = {}  # not measured, by which rule (``Skip``); never logged
         self.timed_out = 0  # candidates that overran the runner's deadline; never logged
@@ -373,6 +374,9 @@ class Measurer:
                 self._keep_transition(backend, self.log.put(self.transition_key(backend), result.cost))
                 return
             results = result if isinstance(result, list) else [result]
+            if in_turn:
+                compiled = sum(r.compile_s for r in results)
+                self.compile_s_by_backend[backend] = self.compile_s_by_backend.get(backend, 0.0) + compiled
             for (c, task), r in zip(sent[index], results):
                 self._keep(c, self._result(task, r), r.timed_out)
             bar.update(len(results))

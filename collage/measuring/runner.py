@@ -17,6 +17,7 @@ record (``wire``).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -112,11 +113,14 @@ class MeasureResult:
     drew its inputs from its seed (the candidate's own when it is TVM's, else a reference
     run's) so later tasks are checked against them. ``timed_out``: the candidate overran the
     runner's deadline, which a busy machine can cause as well as a hanging library, so its
-    failure is not for keeping."""
+    failure is not for keeping. ``compile_s``: the seconds its compile took where it was
+    measured (a batch's, on its first result), so that a report can say how much of a
+    backend's measuring was compiling."""
 
     cost: Cost
     reference: list[np.ndarray] | None = None
     timed_out: bool = False
+    compile_s: float = 0.0
 
 
 # What a runner measures: one candidate, a backend's transition, or a batch of candidates.
@@ -152,10 +156,13 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
         arrays = random_inputs(func, task.seed) if task.inputs is None else task.inputs
     except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
         return MeasureResult(Cost.invalid(str(err)))
+    compile_s = 0.0
     if kernel is None:
+        started = time.perf_counter()
         kernel, reason = compile_kernel(backend, func, task.pattern, task.target, task.threads, precision=task.precision)
+        compile_s = time.perf_counter() - started
         if reason is not None:
-            return MeasureResult(Cost.invalid(reason))
+            return MeasureResult(Cost.invalid(reason), compile_s=compile_s)
     reference = task.reference
     device = device_for(task.target)
     inputs, outputs = to_tensors(arrays, device), empty_outputs(func, device)
@@ -169,13 +176,14 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
         found = reference if task.reference is None and task.inputs is None else None
         problem = mismatch(actual, reference, task.rtol)
         if problem is not None:
-            return MeasureResult(Cost.invalid(f"wrong result: {problem}"), found)
+            return MeasureResult(Cost.invalid(f"wrong result: {problem}"), found, compile_s=compile_s)
         # A reduced precision's own error is kept with its cost (float32's is noise).
         error = None if task.precision == FLOAT32 else relative_error(actual, reference)
         cost = _time(kernel, inputs, outputs, task)
-        return MeasureResult(cost if error is None or not cost.is_valid else replace(cost, error=error), found)
+        cost = cost if error is None or not cost.is_valid else replace(cost, error=error)
+        return MeasureResult(cost, found, compile_s=compile_s)
     except Exception as err:
-        return MeasureResult(Cost.invalid(f"run failed: {type(err).__name__}: {first_line(err)}"))
+        return MeasureResult(Cost.invalid(f"run failed: {type(err).__name__}: {first_line(err)}"), compile_s=compile_s)
 
 
 def _time(kernel, inputs, outputs, task: MeasureTask) -> Cost:
@@ -200,11 +208,16 @@ def measure_batch(tasks: list[MeasureTask]) -> list[MeasureResult]:
     and timed as ``measure`` would; where the batch does not compile (one sub-graph the
     library rejects fails them all), each is measured alone. Never raises."""
     backend, target, threads = tasks[0].backend, tasks[0].target, tasks[0].threads
+    started = time.perf_counter()
     try:
         kernels = backend.compile_many([t.func for t in tasks], [t.pattern for t in tasks], target, threads)
     except Exception:  # noqa: BLE001 -- compiled one by one, each failure gets its own reason
-        return [measure(t) for t in tasks]
-    return [measure(t, kernel) for t, kernel in zip(tasks, kernels)]
+        failed_s = time.perf_counter() - started
+        results = [measure(t) for t in tasks]
+        return [replace(results[0], compile_s=results[0].compile_s + failed_s), *results[1:]]
+    compile_s = time.perf_counter() - started
+    results = [measure(t, kernel) for t, kernel in zip(tasks, kernels)]
+    return [replace(results[0], compile_s=compile_s), *results[1:]]
 
 
 class InProcess:

@@ -235,11 +235,13 @@ def _result_header(result: MeasureResult, prefix: str, arrays: dict) -> dict:
     _put(arrays, prefix + "reference", result.reference)
     fields = dataclasses.asdict(result.cost)
     return {"cost": fields, "reference": None if result.reference is None else len(result.reference),
-            "timed_out": result.timed_out}  # fmt: skip
+            "timed_out": result.timed_out, "compile_s": result.compile_s}  # fmt: skip
 
 
 def _result(h: dict, arrays: dict, prefix: str = "") -> MeasureResult:
-    return MeasureResult(Cost(**h["cost"]), _get(arrays, prefix + "reference", h["reference"]), h["timed_out"])
+    # A server of an earlier version does not say how long its compiles took.
+    return MeasureResult(Cost(**h["cost"]), _get(arrays, prefix + "reference", h["reference"]), h["timed_out"],
+                         h.get("compile_s", 0.0))
 
 
 def _put(arrays: dict, name: str, values) -> None:
