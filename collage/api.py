@@ -242,7 +242,9 @@ def optimize_with(
     finalists = {}
     for name, placement in placements.items():
         with _seconds_into(record.assembled_s, str(name)):
-            finalists[name] = assemble_and_check(graph, placement, reference, backend_set, target, threads, config.accuracy)
+            # Reduced-precision placements are held to the budget below, as whole modules.
+            finalists[name] = assemble_and_check(graph, placement, reference, backend_set, target, threads, config.accuracy,
+                                                 held_to_budget=config.accuracy is not None)  # fmt: skip
     for engine, name in alone.items():
         # An engine alone that had to fall back is no longer that engine alone (and all-TVM
         # placements of a large model take seconds a call to time).

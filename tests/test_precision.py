@@ -198,6 +198,22 @@ def test_a_mixed_placement_over_the_budget_is_repaired_earliest_partition_first(
     assert [p.candidate.precision for p in finalist.partitions] == [FLOAT32] * 4 + [BFLOAT16]
 
 
+def test_compounded_errors_are_left_to_the_budget_where_the_caller_holds_the_module_to_it():
+    """Each reduced kernel within the budget alone, the module over it: the check sends every
+    kernel to TVM, unless the caller holds the module to the budget itself (``optimize``
+    does, and repairs it), which then has the placement as it was to repair."""
+    graph = DataflowGraph.from_module(Unary)
+    backends = BackendSet([default_backends()["tvm"], FINE])
+    fine = [Partition(Candidate(SubGraph(graph, frozenset({k})), "fine", "fine.chain", BFLOAT16), Cost.of(0.01)) for k in (0, 4)]
+    mixed = Placement(graph, (fine[0], *[tvm_op(graph, k, "tvm.fused") for k in (1, 2, 3)], fine[1]))
+    x, w = inputs()
+    reference = Reference([x, w], [run_unoptimized(Unary, x, w)])
+    held = assemble_and_check(graph, mixed, reference, backends, "llvm", 2, 1e-2, held_to_budget=True)
+    assert [p.candidate.precision for p in held.partitions] == [BFLOAT16, *[FLOAT32] * 3, BFLOAT16] and not held.fallbacks
+    checked = assemble_and_check(graph, mixed, reference, backends, "llvm", 2, 1e-2)
+    assert [p.backend for p in checked.partitions] == ["tvm"] * 5 and len(checked.fallbacks) == 2
+
+
 def test_the_report_shows_a_reduced_partitions_own_error():
     from collage.deploying.report import precision_text
 

@@ -63,14 +63,17 @@ def as_tvm_runs_it(original, prepared, reference: Reference, target) -> Finalist
 
 
 def assemble_and_check(graph, placement: Placement, reference: Reference, backends, target, threads: int = 0,
-                       budget: float | None = None) -> Finalist:
+                       budget: float | None = None, held_to_budget: bool = False) -> Finalist:
     """Assemble, compile and compare with the unoptimized module's outputs on the inputs of
     ``reference``, each library on ``threads`` threads, within float32's end-to-end tolerance,
     or within the accuracy ``budget`` where partitions compute in a reduced precision (which
     then also bounds each such kernel's own error). Partitions that fail to compile, or whose
     kernels disagree with TVM inside the model, fall back to TVM, and the check repeats.
-    Returns the assembly with its VM, the partitions it runs and the fallbacks with their
-    reasons."""
+    Where every kernel is right alone and the module is not, its reduced kernels' errors
+    compound: then every kernel falls back, unless the caller holds the module to the budget
+    itself (``held_to_budget``: ``policy.within_budget``, which brings reduced partitions back
+    to float32 fewest first, keeping the float32 library kernels). Returns the assembly with
+    its VM, the partitions it runs and the fallbacks with their reasons."""
     rtol = budget if reduced(placement.partitions) else None
     partitions = list(placement.partitions)
     fallbacks: list[tuple[Partition, str]] = []
@@ -90,7 +93,10 @@ def assemble_and_check(graph, placement: Placement, reference: Reference, backen
         checks += 1
         if checks == MAX_CHECK_ROUNDS:
             raise OptimizeError(f"the assembled module still disagrees with the unoptimized one: {problem}")
-        culprits = _culprits(graph, assembly, reference.inputs, target, rtol) or [p for p, _, _ in assembly.kernels]
+        culprits = _culprits(graph, assembly, reference.inputs, target, rtol)
+        if not culprits and held_to_budget and rtol is not None:
+            return Finalist(partitions, assembly, vm, placement.estimated_ms, fallbacks)
+        culprits = culprits or [p for p, _, _ in assembly.kernels]
         fallbacks += [(p, f"wrong inside the assembled model ({problem})") for p in culprits]
         partitions = _fall_back(graph, partitions, culprits)
 

@@ -149,24 +149,43 @@ def module_error(finalist: Finalist, draws, target: str) -> float:
                for draw in draws)  # fmt: skip
 
 def repaired(finalist: Finalist, draws, graph, costs, backends, config: Config):
-    """A mixed-precision placement over the budget brought within it: its reduced partitions
-    computed in float32 again one at a time, earliest first (an early error compounds through
-    every op after it), while one is left; ``(finalist, error, how many went back)`` or None."""
-    partitions = list(finalist.partitions)
-    for k, back in enumerate(p for p in range(len(partitions)) if partitions[p].candidate.precision != FLOAT32):
-        f32 = dataclasses.replace(partitions[back].candidate, precision=FLOAT32)
-        partitions[back] = Partition(f32, costs.cost(f32), costs.transition_ms(f32.backend))
-        if not reduced(partitions):
-            return None
-        try:
-            candidate = assemble_and_check(graph, Placement(graph, tuple(partitions)), draws[0], backends,
-                                           config.target, config.threads, config.accuracy)  # fmt: skip
-        except OptimizeError:  # still wrong after the check's fallbacks: go on
-            continue
-        error = module_error(candidate, draws, config.target)
-        if reduced(candidate.partitions) and error <= config.accuracy:
-            return candidate, error, k + 1
-    return None
+    """A mixed-precision placement over the budget brought within it: its earliest reduced
+    partitions computed in float32 again (an early error compounds through every op after
+    it), as few as bisection finds, at least one left reduced; ``(finalist, error, how many
+    went back)`` or None. Each try is a build and a check: ResNet-50's fifty reduced
+    convolutions, brought back one at a time, would be fifty."""
+    order = [p for p in range(len(finalist.partitions)) if finalist.partitions[p].candidate.precision != FLOAT32]
+    tried: dict[int, tuple | None] = {}
+
+    def back_in_float32(count: int):
+        """The placement with the first ``count`` reduced partitions in float32, checked: (finalist, error) within the budget, else None."""
+        if count not in tried:
+            partitions = list(finalist.partitions)
+            for p in order[:count]:
+                f32 = dataclasses.replace(partitions[p].candidate, precision=FLOAT32)
+                partitions[p] = Partition(f32, costs.cost(f32), costs.transition_ms(f32.backend))
+            tried[count] = None
+            try:
+                candidate = assemble_and_check(graph, Placement(graph, tuple(partitions)), draws[0], backends,
+                                               config.target, config.threads, config.accuracy, held_to_budget=True)  # fmt: skip
+            except OptimizeError:  # still wrong after the check's fallbacks
+                return None
+            error = module_error(candidate, draws, config.target)
+            if reduced(candidate.partitions) and error <= config.accuracy:
+                tried[count] = (candidate, error)
+        return tried[count]
+
+    low, high = 1, len(order) - 1  # the fewest that may do, the most that leaves one reduced
+    if high < low or back_in_float32(high) is None:
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        if back_in_float32(middle) is not None:
+            high = middle
+        else:
+            low = middle + 1
+    candidate, error = back_in_float32(high)
+    return candidate, error, high
 
 def engines_on_file(original, graph, usable, model, reference: Reference, config: Config, offered: dict,
                      notes: dict) -> dict[FinalistName, Finalist]:
