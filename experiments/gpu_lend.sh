@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# What a lent GPU has left to measure for issue 39, in one device call, most needed first
-# (whether packages compiled ahead are only loaded where measured passed on an H100, stop 51):
-#   1. ResNet-50's float32 row, optimized from an empty cost log (the goal: at most 120 s; 367 s
-#      and cut off in stop 51, before inductor's host-CPU probes were made once a machine);
-#   2. its accuracy entry (--accuracy 1e-2) on that cost log, so only reduced precisions are measured;
-#   3. the torch-entry test (a PyTorch module optimized for CUDA, torch.compile of it a finalist).
+# What a lent GPU has left to measure for issue 39, in one device call, most needed first:
+#   1. where a batch of TVM candidates spends its 12-14 s on the GPU machine
+#      (experiments/gpu_tvm_batch.py, NVRTC and nvcc; 1.7 s of compile on a CPU machine);
+#   2. the torch-entry test (a PyTorch module optimized for CUDA, torch.compile of it a
+#      finalist), which failed in stop 53's lend on the shape of opt(x)'s result (823526e);
+#   3. the accuracy entries (--accuracy 1e-2) of the models whose float32 rows are in
+#      experiments/results/gpu.json (ResNet-50's is, from stop 53), each from an empty cost log.
 # Each step is cut off so that the next has its chance; a step with under a minute left is skipped.
 # The Python stacks of the optimizations and of their worker processes (experiments/stacks.py)
-# say where their seconds went.
+# say where their seconds went; they come back as one archive (stacks.tgz: a call brings back
+# at most 16 files).
 #
 #   bash .gpu/part2/install && export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 && bash experiments/gpu_lend.sh 540
 #
 # SECONDS (the first argument) is the call's own limit less a margin. Everything lands in $OUT:
-# steps.txt (each step's exit status and seconds), <step>.log, gpu.json, gpu-costs.sqlite, stacks/.
+# steps.txt (each step's exit status and seconds), <step>.log, gpu.json, gpu-costs.sqlite, stacks.tgz.
 set -u
 deadline=$(($(date +%s) + ${1:-540}))
 cp experiments/results/gpu.json /tmp/gpu.json
@@ -28,11 +30,14 @@ step() {
     timeout -k 10 "$left" "$@" >"$OUT/$name.log" 2>&1
     echo "$name exit $? after $(($(date +%s) - started)) s" >>"$OUT/steps.txt"
     cp /tmp/gpu.json "$OUT/" 2>/dev/null || true
-    cp /tmp/gpu-costs.sqlite "$OUT/" 2>/dev/null || true
+    [[ -d /tmp/stacks ]] && tar czf "$OUT/stacks.tgz" -C /tmp stacks
 }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/steps.txt"
-gpu=(python3 -m experiments.gpu --model resnet50 --stacks "$OUT/stacks" --out /tmp/gpu.json --cost-log /tmp/gpu-costs.sqlite)
-step resnet50 "${gpu[@]}" --no-torch-entry
-step resnet50_accuracy "${gpu[@]}" --accuracy 1e-2 --accuracy-only
-step torch_entry python3 -m pytest -q tests/test_backend_inductor.py -k torch_module_on_the_gpu
+step tvm_batch python3 -m experiments.gpu_tvm_batch
+step torch_entry python3 -m pytest -q -p no:logging tests/test_backend_inductor.py -k torch_module_on_the_gpu
+for model in bert vit gpt2 convnext mobilenet_v2; do
+    # A fresh cost log each: the optimization measures what a new user's would.
+    step "${model}_accuracy" python3 -m experiments.gpu --model "$model" --accuracy 1e-2 --accuracy-only --no-torch-entry \
+        --stacks /tmp/stacks --out /tmp/gpu.json --cost-log "/tmp/gpu-costs-$model.sqlite"
+done
