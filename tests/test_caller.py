@@ -238,3 +238,21 @@ def test_onnx_runtimes_plain_call_is_its_run_on_arrays_already_checked(mlp):
     older = types.SimpleNamespace(run=lambda outputs, feeds: ran.append((outputs, feeds)))  # no ``_sess``
     engine._plain_run(older, [name], ["out"])([x])
     assert ran == [(["out"], {name: x})]
+
+
+def test_finalists_race_as_their_users_call_them(mlp):
+    """On the CPU a finalist is raced through ``opt(x)``'s own call on the user's arrays, not
+    on buffers bound once: an engine whose call reads the arrays in place (ONNX Runtime's
+    ``run``) is not charged for a copy that one which must copy them in was spared."""
+    from collage.assembling.checked import Finalist
+    from collage.choosing.finalists import users_call
+
+    w, graph, expected = mlp
+    parts = engine_alone(graph, "onnxruntime")
+    assembly = assemble(graph, parts, default_backends(), "llvm")
+    ((_, _, kernel),) = assembly.kernels
+    handed, plain = [], kernel.plain
+    kernel.plain = lambda arrays: handed.append(arrays) or plain(arrays)
+    x = draws(w, 1)[0]
+    (got,) = users_call(Finalist(parts, assembly, build_vm(assembly.module, "llvm"), 1.0), [x], "llvm")()
+    assert handed[-1][0] is x and got.shape == expected.shape

@@ -33,14 +33,13 @@ from ..candidates.backend import default_backends
 from ..candidates.generate import PROGRAM_SUFFIX
 from ..measuring.cost import Cost
 from ..measuring.isolation import WorkerProcess
-from ..measuring.build import device_for, is_cuda, kernel_backends, module_cuda_graph_blocker
+from ..measuring.build import is_cuda, kernel_backends, module_cuda_graph_blocker
 from ..errors import first_line
-from ..measuring.arrays import to_tensors
 from ..measuring.timing import Protocol, block_calls, settle, timed_block
 from ..measuring.wire import unpack
 from . import elsewhere
 from ..assembling.checked import Finalist
-from .finalists import MAX_ROUNDS, Race, Verdict, bound_call
+from .finalists import MAX_ROUNDS, Race, Verdict, users_call
 
 # Raced again only when the runner-up's paid time is within this share of the kept one's:
 # farther apart, the conditions of the two races were never seen to swap them. None: never.
@@ -172,7 +171,7 @@ def _hold(data: bytes, threads: int) -> str | None:
         return "; ".join([*sent.left_out.values(), *(f"{label} fell back to tvm" for label in sent.ran)])
     (finalist,) = sent.built.values()
     target = header["target"]
-    call = bound_call(finalist, to_tensors(sent.inputs, device_for(target)), target)
+    call = users_call(finalist, sent.inputs, target)
     _HELD.update(finalist=finalist, call=call, calls=block_calls(call, PROTOCOL))
     return None
 
