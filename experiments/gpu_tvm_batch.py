@@ -30,7 +30,7 @@ def one_batch(size: int, target: str) -> dict:
     import tvm
     from tvm import relax
 
-    from backends import tvm as tvm_backend
+    from collage.backends import tvm as tvm_backend
     from collage.candidates.generate import distinct, generate
     from collage.measuring.arrays import mismatch
     from collage.measuring.build import device_for, intermediate_values, tvm_compile
