@@ -256,3 +256,13 @@ def test_finalists_race_as_their_users_call_them(mlp):
     x = draws(w, 1)[0]
     (got,) = users_call(Finalist(parts, assembly, build_vm(assembly.module, "llvm"), 1.0), [x], "llvm")()
     assert handed[-1][0] is x and got.shape == expected.shape
+
+
+def test_the_engines_own_call_is_kept_unless_the_buffers_beat_it_beyond_the_spread():
+    from collage.assembling.caller import preferred_path
+
+    tied = {CallPath.BUFFERS: Cost.of(3.072, 0.09), CallPath.ENGINE: Cost.of(3.101, 0.15)}
+    assert preferred_path(tied) is CallPath.ENGINE
+    beaten = {CallPath.BUFFERS: Cost.of(2.0, 0.05), CallPath.ENGINE: Cost.of(3.0, 0.1)}
+    assert preferred_path(beaten) is CallPath.BUFFERS
+    assert preferred_path({CallPath.BUFFERS: Cost.of(3.2), CallPath.ENGINE: Cost.of(3.0)}) is CallPath.ENGINE

@@ -210,17 +210,32 @@ CALL_PATHS = Protocol(rounds=7, block_ms=30.0, warmup_s=0.05)
 
 def time_call_paths(caller: Caller, arrays: list[np.ndarray], protocol: Protocol | None = None) -> CallPathTiming | None:
     """``caller.numpy(*arrays)`` timed through each of its paths against the other with the
-    project's protocol, ``caller`` left on the faster (None, and left as it is, where it has
-    one path). The user's call is timed whole: the arrays checked, copied in and the outputs
-    copied out where the path does. ``protocol`` defaults to ``CALL_PATHS``."""
+    project's protocol, ``caller`` left on the one ``preferred_path`` picks (None, and left
+    as it is, where it has one path). The user's call is timed whole: the arrays checked,
+    copied in and the outputs copied out where the path does. ``protocol`` defaults to
+    ``CALL_PATHS``."""
     if len(caller.paths) < 2:
         return None
-    kept = caller.path
     calls = {path: functools.partial(caller.through(path), *arrays) for path in caller.paths}
     costs = time_contenders(calls, protocol or CALL_PATHS)
-    chosen = min(costs, key=lambda p: (costs[p].median_ms, p is not kept))
+    chosen = preferred_path(costs)
     caller.path = chosen
     return CallPathTiming(chosen, costs)
+
+
+def preferred_path(costs: dict[CallPath, Cost]) -> CallPath:
+    """The faster path, except that the engine's own call is kept unless the buffers beat it
+    by more than either's spread: it is the call the engine's users make, so that a tie
+    decided by noise cannot leave ``opt(x)`` slower than it. SqueezeNet's user's file on ONNX
+    Runtime went through the buffers at 3072 us against the engine's call at 3101 (spreads
+    of 90-150 us), and the benchmark then timed ``opt(x)`` 4% over ONNX Runtime's own ``run``
+    of the same file (2-core Xeon)."""
+    fastest = min(costs, key=lambda p: costs[p].median_ms)
+    engine = costs.get(CallPath.ENGINE)
+    if engine is None or fastest is CallPath.ENGINE:
+        return fastest
+    allowed = max(engine.spread_ms, costs[fastest].spread_ms)
+    return CallPath.ENGINE if engine.median_ms - costs[fastest].median_ms <= allowed else fastest
 
 
 CPU = 1  # DLPack's device type of the host
