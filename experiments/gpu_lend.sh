@@ -14,7 +14,7 @@
 #   bash .gpu/part2/install && export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 && bash experiments/gpu_lend.sh 540
 #
 # SECONDS (the first argument) is the call's own limit less a margin. Everything lands in $OUT:
-# steps.txt (each step's exit status and seconds), <step>.log, gpu.json, gpu-costs.sqlite, stacks.tgz.
+# steps.txt (each step's exit status and seconds), <step>.log, gpu.json, stacks.tgz.
 set -u
 deadline=$(($(date +%s) + ${1:-540}))
 cp experiments/results/gpu.json /tmp/gpu.json

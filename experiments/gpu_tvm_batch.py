@@ -18,6 +18,7 @@ first compile pays what the worker's does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -85,10 +86,8 @@ def _cuda_source_bytes(module) -> int:
     """The CUDA source's size in ``module`` and the modules it imports."""
     own = 0
     if module.kind == "cuda":
-        try:
+        with contextlib.suppress(Exception):  # a module that kept only its binary
             own = len(module.inspect_source())
-        except Exception:  # noqa: BLE001 -- a module that kept only its binary
-            own = 0
     return own + sum(_cuda_source_bytes(m) for m in module.imports)
 
 

@@ -10,14 +10,13 @@ import pytest
 import tvm
 
 from collage.assembling.assemble import assemble
-from collage.assembling.caller import Caller, CallPath, time_call_paths
+from collage.assembling.caller import Caller, CallPath, signature_of, time_call_paths
 from collage.candidates.backend import default_backends
 from collage.candidates.generate import Candidate
 from collage.candidates.subgraph import SubGraph
 from collage.measuring.cost import Cost
 from collage.measuring.build import build_vm
 from collage.measuring.timing import Protocol
-from collage.measuring.arrays import static_shape
 from collage.model.graph import DataflowGraph
 from collage.placing.placement import Partition
 from experiments import models
@@ -34,8 +33,7 @@ def mlp():
 
 def caller_for(graph, parts):
     assembly = assemble(graph, parts, default_backends(), "llvm")
-    signature = [(p.name, static_shape(p.ty), str(p.ty.dtype)) for p in graph.func.params]
-    return Caller(build_vm(assembly.module, "llvm"), signature, tvm.cpu(), assembly.module["main"],
+    return Caller(build_vm(assembly.module, "llvm"), signature_of(graph.func.params), tvm.cpu(), assembly.module["main"],
                   assembly.kernel_map()), assembly
 
 

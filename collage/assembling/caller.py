@@ -42,12 +42,18 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..measuring.arrays import static_shape
 from ..measuring.cost import Cost
 from ..measuring.timing import Protocol, time_contenders
 from .assemble import bound_function
 
 # (name, shape, dtype) of each of main's parameters, in order.
 Signature = list[tuple[str, tuple[int, ...], str]]
+
+
+def signature_of(params: list[relax.Var]) -> Signature:
+    """The ``Signature`` of a Relax function's ``params``."""
+    return [(p.name, static_shape(p.ty), str(p.ty.dtype)) for p in params]
 
 
 class CallPath(enum.Enum):

@@ -37,11 +37,11 @@ import numpy as np
 from tvm import relax
 
 from ..assembling.assemble import bound_main
-from ..assembling.caller import Caller
+from ..assembling.caller import Caller, signature_of
 from ..measuring.cost import Cost
 from ..measuring.meters import EnergyMeter
 from ..measuring.build import device_for, is_cuda, synchronized
-from ..measuring.arrays import static_shape, to_tensors
+from ..measuring.arrays import to_tensors
 from ..measuring.timing import Protocol, busy_cores_by_others, cpu_seconds, median_and_iqr, time_contenders, time_rounds
 from ..assembling.checked import Finalist
 from ..placing.objective import Objective
@@ -176,8 +176,7 @@ def users_call(contender: Finalist | relax.VirtualMachine, arrays: list[np.ndarr
     if is_cuda(target):
         return synchronized(bound_main(contender.assembly, contender.vm, to_tensors(arrays, device), device), target)
     main = contender.assembly.module["main"]
-    signature = [(p.name, static_shape(p.ty), str(p.ty.dtype)) for p in main.params]
-    caller = Caller(contender.vm, signature, device, main, contender.assembly.kernel_map())
+    caller = Caller(contender.vm, signature_of(main.params), device, main, contender.assembly.kernel_map())
     return functools.partial(caller.numpy, *arrays)
 
 

@@ -8,10 +8,9 @@ import tvm
 from tvm import relax
 
 from ..assembling.assemble import Assembly, bound_main
-from ..assembling.caller import Caller
+from ..assembling.caller import Caller, signature_of
 from ..measuring.cost import Cost, Device
 from ..measuring.build import device_for
-from ..measuring.arrays import static_shape
 from ..model.simplify import SimplifyReport
 from ..placing.placement import Partition
 from ..record import RunRecord
@@ -52,7 +51,7 @@ class OptimizedModule:
         """How ``opt(x)`` and ``main`` reach the module: on input buffers of its own, made at
         the first call."""
         if self._caller is None:
-            signature = [(p.name, static_shape(p.ty), str(p.ty.dtype)) for p in self._params]
+            signature = signature_of(self._params)
             self._caller = Caller(self._vm, signature, device_for(self.target), self._assembly.module["main"],
                                   self._assembly.kernel_map())
         return self._caller
