@@ -191,7 +191,7 @@ def optimize_with(
     model = prepare_model(config, imported.mod, backends, cost_log, params, onnx_model, calibration, program)
     record.calibration_sets = len(model.calibration)
     original, prepared, usable, backend_set, log = model.original, model.prepared, model.usable, model.backends, model.log
-    record.simplify_failed = model.simplify_failed
+    record.simplify_failed, record.out_of_bounds = model.simplify_failed, model.out_of_bounds
     try:
         graph = dataflow_graph(prepared)
     except Unplaceable as err:

@@ -25,7 +25,7 @@ from .measuring.build import REFERENCE_TARGET, reference_vm, values_target
 from .errors import first_line
 from .measuring.arrays import Reference, numpy_outputs, random_inputs, static_shape, to_tensors
 from .model.graph import DataflowGraph
-from .model.simplify import SimplifyReport, simplify
+from .model.simplify import SimplifyReport, negative_indices_wrapped, simplify
 
 
 @dataclass
@@ -36,6 +36,7 @@ class Model:
     prepared: tvm.IRModule  # simplified (unless the config says not to, or simplifying failed)
     simplified: SimplifyReport | None
     simplify_failed: str | None  # why it is placed as given
+    out_of_bounds: str | None  # what of the model TVM would read out of bounds, and the meaning it was given
     backends: BackendSet  # those asked for
     usable: list[Backend]  # those of them that run here
     excluded: dict[str, str]  # the others, with why
@@ -86,7 +87,7 @@ def prepare_model(
     """Bind, check and simplify ``mod``; gather the backends and the log; draw the seeded
     inputs; check the ``calibration`` sets (``checked_calibration``). ``OptimizeError`` for
     input it cannot take."""
-    original = with_params_bound(mod, params)
+    original, out_of_bounds = defined(with_params_bound(mod, params))
     calibration = checked_calibration(original["main"], calibration)
     asked = backend_set(backends)
     usable, excluded = asked.usable(config.target)
@@ -101,8 +102,21 @@ def prepare_model(
         except Exception as err:  # noqa: BLE001 -- a TVM pass failing on this model: place it as given
             failed = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
     arrays = random_inputs(original["main"], config.seed)
-    return Model(original, prepared, report, failed, asked, usable, excluded, log, onnx_model, config, arrays,
-                 calibration, program)  # fmt: skip
+    return Model(original, prepared, report, failed, out_of_bounds, asked, usable, excluded, log, onnx_model, config,
+                 arrays, calibration, program)  # fmt: skip
+
+
+def defined(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
+    """``mod`` with every read TVM would make out of bounds given the meaning torch and ONNX
+    give it, and a line saying what changed (None: nothing). PyTorch's importer writes
+    ``x[..., -2, :]`` as a fast take at index -2, which TVM reads out of bounds: the
+    reference every placement is checked against would be whatever lies in memory there,
+    and the placements, which count the index from the end, were all rejected."""
+    wrapped, count = negative_indices_wrapped(mod)
+    if not count:
+        return mod, None
+    return wrapped, (f"{count} take(s) at negative indices, which TVM's fast take reads out of bounds, count them "
+                     "from the end, as torch and ONNX do, in the unoptimized model too")  # fmt: skip
 
 
 def checked_calibration(main: relax.Function, sets: Iterable | None) -> list[list[np.ndarray]]:

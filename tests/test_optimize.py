@@ -316,6 +316,25 @@ def test_simplification_runs_first_unless_switched_off(tmp_path):
     np.testing.assert_allclose(on(x), off(x), rtol=1e-6)
 
 
+def test_a_take_tvm_would_read_out_of_bounds_counts_from_the_end_in_the_reference_too(tmp_path):
+    # Falcon's key/value split, x[:, :, [-2], :], as PyTorch's importer writes it: TVM's fast
+    # take reads index -2 out of bounds, so the unoptimized model's outputs were whatever lay in
+    # memory there (NaN in one run), and every placement, which counts from the end, was refused.
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 6, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            taken = bb.emit(relax.op.take(x, relax.const(np.array([-2], "int64")), axis=2, mode="fast"))
+            out = bb.emit_output(relax.op.exp(taken))
+        bb.emit_func_output(out)
+    for simplify in (True, False):
+        opt = collage.optimize(bb.get(), backends=["tvm"], cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False,
+                               simplify=simplify)  # fmt: skip
+        a = np.random.default_rng(0).standard_normal((1, 3, 6, 4)).astype("float32")
+        np.testing.assert_allclose(opt(a), np.exp(a[:, :, [4], :]), rtol=1e-6)
+        assert "note: 1 take(s) at negative indices, which TVM's fast take reads out of bounds" in opt.report()
+
+
 def test_graph_level_search_returns_a_correct_module_no_slower_than_op_level(tmp_path, monkeypatch):
     """A short graph-level search on a small zoo model: the refined module matches torch, it
     is no slower than the op-level placement timed in the same run, and a second run with the

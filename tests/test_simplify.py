@@ -823,6 +823,16 @@ def test_negative_take_indices_count_from_the_end_as_in_torch():
     np.testing.assert_array_equal(_run(after, [x])[0], x[:, :, [4, 1], :])
 
 
+def test_negative_take_indices_keep_their_meaning_where_the_mode_gives_them_one():
+    # Clipped, -1 is index 0; as NaN, it is out of bounds: counted from the end, neither is.
+    for mode in ("clip", "nan"):
+        def taken(bb, x, mode=mode):
+            return relax.op.take(x, relax.const(np.array([-1], "int64")), axis=1, mode=mode)
+
+        _, report = collage.simplify(_module((2, 5), taken), report=True)
+        assert report.applied("wrap_negative_take_indices") == 0
+
+
 def test_indexing_a_constant_with_constant_indices_folds():
     # transformers' attention mask: a constant mask indexed by constant position ids, then used.
     mask = RNG.random((8, 8)) > 0.5

@@ -5,6 +5,7 @@
 ``tvm.relax.dpl`` pattern with its replacement (``pattern_rewrite``).
 """
 
+from .idioms import negative_indices_wrapped
 from .ops import op_count, op_histogram
 from .pipeline import DEFAULT_STEPS, SimplifyReport, StepCount, TvmPass, simplify
 
@@ -13,6 +14,7 @@ __all__ = [
     "SimplifyReport",
     "StepCount",
     "TvmPass",
+    "negative_indices_wrapped",
     "op_count",
     "op_histogram",
     "simplify",

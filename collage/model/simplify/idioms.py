@@ -267,6 +267,8 @@ def _wrapped_indices(matches: Matches, single_use: set) -> relax.Expr | None:
     shape = static_shape(matches[_taken])
     if shape is None or indices.dtype.kind not in "iu" or not (indices < 0).any() or take.attrs.axis is None:
         return None
+    if take.attrs.mode not in ("fast", "wrap"):
+        return None  # "clip" and "nan" give a negative index a meaning of their own
     extent = shape[int(take.attrs.axis) % len(shape)]
     if (indices < -extent).any():
         return None  # out of range either way: left for the backends to report
@@ -279,3 +281,12 @@ def _wrapped_indices(matches: Matches, single_use: set) -> relax.Expr | None:
 # instead of from the end: Falcon's outputs came out wrong by 100%. ONNX's Gather and torch
 # count negative indices from the end; written that way, every backend agrees.
 WRAP_NEGATIVE_TAKE_INDICES = PatternRewrite("wrap_negative_take_indices", _take, _wrapped_indices)
+
+
+def negative_indices_wrapped(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+    """``mod`` with its fast takes at constant negative indices counted from the end
+    (``WRAP_NEGATIVE_TAKE_INDICES``), and how many there were. Not a simplification but the
+    model's meaning: read out of bounds, such a take gives whatever lies in memory there
+    (Falcon's unoptimized outputs were NaN in one run and wrong by 100% in the next), and the
+    unoptimized model is what every placement is checked against."""
+    return WRAP_NEGATIVE_TAKE_INDICES.apply(mod)
