@@ -242,13 +242,16 @@ def optimize_with(
     finalists = {}
     for name, placement in placements.items():
         with _seconds_into(record.assembled_s, str(name)):
-            # Reduced-precision placements are held to the budget below, as whole modules.
-            finalists[name] = assemble_and_check(graph, placement, reference, backend_set, target, threads, config.accuracy,
-                                                 held_to_budget=config.accuracy is not None)  # fmt: skip
+            try:
+                # Reduced-precision placements are held to the budget below, as whole modules.
+                finalists[name] = assemble_and_check(graph, placement, reference, backend_set, target, threads,
+                                                     config.accuracy, held_to_budget=config.accuracy is not None)  # fmt: skip
+            except OptimizeError as err:  # wrong even on TVM: the others may be right
+                record.left_out[str(name)] = f"{name} left out: {err}"
     for engine, name in alone.items():
         # An engine alone that had to fall back is no longer that engine alone (and all-TVM
         # placements of a large model take seconds a call to time).
-        if name.kind is FinalistKind.ENGINE_ALONE and finalists[name].fallbacks:
+        if name.kind is FinalistKind.ENGINE_ALONE and name in finalists and finalists[name].fallbacks:
             record.left_out[engine] = f"{engine} alone fell back to tvm: {finalists.pop(name).fallbacks[0][1]}"
     for name in [n for n in finalists if n.precision != FLOAT32 or n == OP_LEVEL_REDUCED]:
         # A reduced-precision placement whose every reduced partition fell back is float32:
@@ -269,6 +272,8 @@ def optimize_with(
         with _seconds_into(record.assembled_s, "the engines on the PyTorch module"):
             finalists.update(policy.engines_on_program(original, graph, usable, model.program, reference, config,
                                                        offered, record.left_out))  # fmt: skip
+    if not finalists:
+        raise OptimizeError("no finalist is left: " + "; ".join(record.left_out.values()))
     errors = {}
     if config.accuracy is not None:
         repair = functools.partial(policy.repaired, graph=graph, costs=measurer, backends=backend_set, config=config)
@@ -278,11 +283,11 @@ def optimize_with(
 
     if config.graph_level:
         t = time.perf_counter()
-        if engines:
+        start = KERNELS_ONLY if KERNELS_ONLY in finalists else OP_LEVEL
+        if engines and start in finalists:
             end_to_end = EndToEnd(graph, BackendSet(usable), target, reference, log,
                                   f"{tvm_ffi.structural_hash(prepared):x} {target}", threads)
             engine = policy.best_engine(engines, alone, finalists, race)
-            start = KERNELS_ONLY if KERNELS_ONLY in finalists else OP_LEVEL
             refinement = refine(finalists[start].partitions, engine, end_to_end, budget_s=config.budget_s,
                                 patience=config.patience, seed=seed, progress=config.progress)
             record.graph_level = refinement.summary()
@@ -297,6 +302,8 @@ def optimize_with(
                 priced = _priced(partitions, measurer)
                 assembly, vm = end_to_end.build(priced, fresh=True)
                 finalists[FinalistName(FinalistKind.GRAPH_LEVEL, rank=k + 1)] = Finalist(list(priced), assembly, vm, sum(p.cost_ms for p in priced))
+        elif engines:
+            record.graph_level = {"skipped": f"no placement to start from: {record.left_out.get(str(start), start)}"}
         else:
             record.graph_level = {"skipped": "no usable inference engine (graph-level backend) to offload to"}
         seconds.graph_level = time.perf_counter() - t

@@ -335,6 +335,22 @@ def test_a_take_tvm_would_read_out_of_bounds_counts_from_the_end_in_the_referenc
         assert "note: 1 take(s) at negative indices, which TVM's fast take reads out of bounds" in opt.report()
 
 
+def test_placements_that_disagree_even_on_tvm_are_left_out_with_why(tmp_path):
+    # A reference no placement computes (here one saved wrong in the log; in the wild, a model
+    # TVM reads out of bounds, or a simplification gone wrong): each placement is left out with
+    # its reason, and with none left, one line says what each was.
+    import tvm_ffi
+
+    log = CostLog(tmp_path / "c.sqlite")
+    x, w = inputs()
+    original = relax.transform.BindParams("main", {})(Unary)
+    log.put_reference(f"{tvm_ffi.structural_hash(original):x} seed 0 inputs 2 cpu", [np.zeros((64, 64), "float32")])
+    with pytest.raises(collage.OptimizeError, match=r"^no finalist is left: op-level left out: the assembled module "
+                                                    r"still disagrees with the unoptimized one: output 0: max \|diff\|") as err:
+        collage.optimize(Unary, backends=backends(NUMPY), cost_log=log, timing=FAST, progress=False)
+    assert "\n" not in str(err.value)
+
+
 def test_graph_level_search_returns_a_correct_module_no_slower_than_op_level(tmp_path, monkeypatch):
     """A short graph-level search on a small zoo model: the refined module matches torch, it
     is no slower than the op-level placement timed in the same run, and a second run with the
