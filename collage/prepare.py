@@ -32,7 +32,7 @@ from .model.simplify import SimplifyReport, negative_indices_wrapped, simplify
 class Model:
     """The model as every stage takes it."""
 
-    original: tvm.IRModule  # bound, unoptimized: what every assembled module is checked against
+    original: tvm.IRModule  # bound, unoptimized (out-of-bounds reads defined): what every module is checked against
     prepared: tvm.IRModule  # simplified (unless the config says not to, or simplifying failed)
     simplified: SimplifyReport | None
     simplify_failed: str | None  # why it is placed as given
