@@ -22,8 +22,9 @@ beside ``objective="time"``. ``--accuracy E`` optimizes each model again with ``
 their own defaults, each with its error (``accuracy_entry``), and against the best float32 peer
 through collage's float32 module, timed in both races (``over_best_float32_peer``);
 ``--accuracy-only`` does only that, for models whose float32 rows from this GPU are in
-``--out`` already (a lent GPU's time is short). The GPU's name, driver and library versions go
-with the results.
+``--out`` already (a lent GPU's time is short), skipping those whose accuracy entry for ``E``
+from this GPU is there too; a model without a float32 row from this GPU (a lent GPU of another
+kind) gets its whole row. The GPU's name, driver and library versions go with the results.
 """
 
 from __future__ import annotations
@@ -326,11 +327,10 @@ def main(argv=None) -> None:
 def _one_model(name: str, results: dict, save, args) -> None:
     """``name``'s row of ``results`` measured (or with ``--accuracy-only`` its accuracy entry
     added), ``save``d stage by stage."""
-    if args.accuracy_only:
-        row = results.get(name, {})
-        if row.get("gpu") != results["machine"]["gpu"] or "ms" not in row:
-            print(f"{name}: no float32 row from this GPU ({results['machine']['gpu']}) in {args.out}: "
-                  "run it without --accuracy-only first", flush=True)
+    row, gpu = results.get(name, {}), results["machine"]["gpu"]
+    if args.accuracy_only and row.get("gpu") == gpu and "ms" in row:
+        if row.get("accuracy", {}).get("budget") == args.accuracy and "ms" in row["accuracy"]:
+            print(f"{name}: its accuracy entry from this GPU ({gpu}) for {args.accuracy:g} is in {args.out} already", flush=True)
             return
         try:
             accuracy_only(name, row, save, args.cost_log, args.accuracy)
@@ -340,7 +340,9 @@ def _one_model(name: str, results: dict, save, args) -> None:
         save()
         print(json.dumps({k: v for k, v in row["accuracy"].items() if k != "report"}, indent=1, default=str), flush=True)
         return
-    results[name] = {"gpu": results["machine"]["gpu"]}  # rows of one file may come from several GPUs
+    if args.accuracy_only:  # a lent GPU of another kind: the float32 row is measured first
+        print(f"{name}: no float32 row from this GPU ({gpu}) in {args.out}: the whole row is measured", flush=True)
+    results[name] = {"gpu": gpu}  # rows of one file may come from several GPUs
     try:
         run_model(name, results[name], save, args.cost_log, name in args.energy, args.accuracy,
                   not args.no_torch_entry)

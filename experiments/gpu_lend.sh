@@ -4,8 +4,10 @@
 #      (experiments/gpu_tvm_batch.py, NVRTC and nvcc; 1.7 s of compile on a CPU machine);
 #   2. the torch-entry test (a PyTorch module optimized for CUDA, torch.compile of it a
 #      finalist), which failed in stop 53's lend on the shape of opt(x)'s result (823526e);
-#   3. the accuracy entries (--accuracy 1e-2) of the models whose float32 rows are in
-#      experiments/results/gpu.json (ResNet-50's is, from stop 53), each from an empty cost log.
+#   3. the accuracy entries (--accuracy 1e-2) of the models whose float32 rows from this GPU are
+#      in experiments/results/gpu.json, each from an empty cost log; those whose entry is there
+#      already (ResNet-50's on an H100, from stop 53) are skipped, and on a GPU of another kind
+#      (an H200) each model's whole row is measured, ResNet-50's (and its optimization time) first.
 # Each step is cut off so that the next has its chance; a step with under a minute left is skipped.
 # The Python stacks of the optimizations and of their worker processes (experiments/stacks.py)
 # say where their seconds went; they come back as one archive (stacks.tgz: a call brings back
@@ -36,7 +38,7 @@ step() {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/steps.txt"
 step tvm_batch python3 -m experiments.gpu_tvm_batch
 step torch_entry python3 -m pytest -q -p no:logging tests/test_backend_inductor.py -k torch_module_on_the_gpu
-for model in bert vit gpt2 convnext mobilenet_v2; do
+for model in resnet50 bert vit gpt2 convnext mobilenet_v2; do
     # A fresh cost log each: the optimization measures what a new user's would.
     step "${model}_accuracy" python3 -m experiments.gpu --model "$model" --accuracy 1e-2 --accuracy-only --no-torch-entry \
         --stacks /tmp/stacks --out /tmp/gpu.json --cost-log "/tmp/gpu-costs-$model.sqlite"

@@ -1,12 +1,14 @@
 """``experiments.gpu``'s parts that need no GPU: the speed-up within an accuracy budget over
-the best float32 peer, through collage's float32 module timed in both races; the stacks
-sampled to say where a run's seconds went."""
+the best float32 peer, through collage's float32 module timed in both races; which models a
+lend's ``--accuracy-only`` measures; the stacks sampled to say where a run's seconds went."""
 
+import argparse
 import time
 
 import pytest
 
-from experiments.gpu import _stacks_into, over_best_float32_peer
+import experiments.gpu
+from experiments.gpu import _one_model, _stacks_into, over_best_float32_peer
 
 
 def test_the_speedup_within_a_budget_is_over_the_best_float32_peer_through_collage_float32():
@@ -20,6 +22,29 @@ def test_without_both_races_there_is_no_such_speedup():
     assert over_best_float32_peer({"accuracy": {"ms": {"collage": 1.0}}}) == {}
     no_float32_module = {"best_peer": "torch", "ms": {"collage": 2.0, "torch": 5.0}, "accuracy": {"ms": {"collage": 1.0}}}
     assert over_best_float32_peer(no_float32_module) == {}
+
+
+def test_accuracy_only_measures_the_whole_row_on_a_gpu_of_another_kind_and_skips_what_is_there(monkeypatch, capsys):
+    # A lend may be an H200 where the float32 rows came from an H100: the budget's speed-up is
+    # over the best float32 peer on the same GPU, so that row is measured first.
+    done = []
+    monkeypatch.setattr(experiments.gpu, "accuracy_only", lambda name, row, *_: done.append((name, "accuracy only")) or row.setdefault("accuracy", {}))
+    monkeypatch.setattr(experiments.gpu, "run_model", lambda name, row, save, log, energy, accuracy, torch_entry:
+                        done.append((name, "whole row", accuracy)))  # fmt: skip
+    h100 = "NVIDIA H100 80GB HBM3"
+    results = {"machine": {"gpu": "NVIDIA H200"},
+               "resnet50": {"gpu": h100, "ms": {}, "accuracy": {"budget": 0.01, "ms": {}}}}  # fmt: skip
+    args = argparse.Namespace(accuracy_only=True, accuracy=0.01, cost_log="c", energy=[], no_torch_entry=True, out="gpu.json")
+    _one_model("resnet50", results, lambda: None, args)
+    assert done == [("resnet50", "whole row", 0.01)] and results["resnet50"]["gpu"] == "NVIDIA H200"
+    done.clear()
+    results["machine"]["gpu"] = h100
+    results["resnet50"] = {"gpu": h100, "ms": {}, "accuracy": {"budget": 0.01, "ms": {}}}
+    results["bert"] = {"gpu": h100, "ms": {}}
+    for name in ("resnet50", "bert"):
+        _one_model(name, results, lambda: None, args)
+    assert done == [("bert", "accuracy only")]
+    assert "resnet50: its accuracy entry from this GPU" in capsys.readouterr().out
 
 
 def test_the_stacks_sampled_say_where_a_calls_seconds_went(tmp_path):
