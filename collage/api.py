@@ -27,7 +27,7 @@ import tvm
 import tvm_ffi
 
 from .assembling.caller import time_call_paths
-from .assembling.checked import Finalist, as_tvm_runs_it, assemble_and_check
+from .assembling.checked import END_TO_END_RTOL, Finalist, as_tvm_runs_it, assemble_and_check
 from .candidates.backend import GRAPH_LEVEL, REFERENCE_BACKEND, Backend, BackendSet
 from .candidates.generate import generate, in_precisions
 from .candidates.precision import FLOAT32, reduced
@@ -48,7 +48,7 @@ from .measuring.build import is_cuda, kernel_backends, module_cuda_graph_blocker
 from .measuring.threads import pin_threads
 from .measuring.timing import Timing
 from .model.frontend import ModelImportError, import_model
-from .prepare import Model, Unplaceable, dataflow_graph, onnx_proto, prepare_model
+from .prepare import Model, Unplaceable, dataflow_graph, onnx_proto, prepare_model, simplification_changed
 from .choosing.end_to_end import EndToEnd
 from .choosing.engine_alone import EngineAloneFailed, blockers, blockers_text, checked_on_file
 from .choosing import confirm, elsewhere
@@ -248,6 +248,16 @@ def optimize_with(
                                                      config.accuracy, held_to_budget=config.accuracy is not None)  # fmt: skip
             except OptimizeError as err:  # wrong even on TVM: the others may be right
                 record.left_out[str(name)] = f"{name} left out: {err}"
+    if OP_LEVEL in placements and OP_LEVEL not in finalists and model.simplified is not None:
+        # Wrong with every kernel on TVM: where the simplified model itself computes something
+        # else, a simplification is at fault, and the model is placed as given instead.
+        changed = simplification_changed(model, END_TO_END_RTOL)
+        if changed is not None:
+            again = optimize_with(dataclasses.replace(config, simplify=False), mod, backends, cost_log, params=params,
+                                  onnx_model=onnx_model, example_inputs=example_inputs, shapes=shapes, meter=meter,
+                                  calibration=calibration)  # fmt: skip
+            again.record.simplify_failed = f"simplification changed the model's outputs ({changed}): the model is placed as given"
+            return again
     for engine, name in alone.items():
         # An engine alone that had to fall back is no longer that engine alone (and all-TVM
         # placements of a large model take seconds a call to time).

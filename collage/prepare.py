@@ -23,7 +23,7 @@ from .errors import OptimizeError
 from .measuring.cost_log import CostLog
 from .measuring.build import REFERENCE_TARGET, reference_vm, values_target
 from .errors import first_line
-from .measuring.arrays import Reference, numpy_outputs, random_inputs, static_shape, to_tensors
+from .measuring.arrays import Reference, mismatch, numpy_outputs, random_inputs, static_shape, to_tensors
 from .model.graph import DataflowGraph
 from .model.simplify import SimplifyReport, negative_indices_wrapped, simplify
 
@@ -117,6 +117,19 @@ def defined(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
         return mod, None
     return wrapped, (f"{count} take(s) at negative indices, which TVM's fast take reads out of bounds, count them "
                      "from the end, as torch and ONNX do, in the unoptimized model too")  # fmt: skip
+
+
+def simplification_changed(model: Model, rtol: float) -> str | None:
+    """How the simplified model's outputs on the seeded inputs miss the unoptimized model's by
+    more than ``rtol`` of their largest magnitude, both run by TVM on the CPU; None where they
+    do not, or nothing was simplified."""
+    if model.prepared is model.original:
+        return None
+    try:
+        outputs = reference_outputs(model.prepared, model.arrays, model.log, _seeded(model.config.seed))
+    except OptimizeError as err:
+        return str(err)
+    return mismatch(outputs, model.expected, rtol)
 
 
 def checked_calibration(main: relax.Function, sets: Iterable | None) -> list[list[np.ndarray]]:

@@ -351,6 +351,34 @@ def test_placements_that_disagree_even_on_tvm_are_left_out_with_why(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_a_simplification_that_changes_the_outputs_leaves_the_model_placed_as_given(tmp_path, monkeypatch):
+    # A rewrite gone wrong on a model never seen (here, every exp made a sigmoid): each placement
+    # of the simplified graph disagrees even on TVM, and the model given is placed instead.
+    import collage.prepare
+
+    @I.ir_module
+    class Wrong:
+        @R.function
+        def main(x: R.Tensor((64, 64), "float32"), w: R.Tensor((64, 64), "float32")):
+            with R.dataflow():
+                a = R.sigmoid(x)
+                b = R.nn.relu(a)
+                c = R.matmul(b, w)
+                d = R.sigmoid(c)
+                e = R.sigmoid(d)
+                R.output(e)
+            return e
+
+    simplify = collage.prepare.simplify
+    monkeypatch.setattr(collage.prepare, "simplify", lambda mod, report: (Wrong, simplify(mod, report=True)[1]))
+    opt = collage.optimize(Unary, backends=["tvm"], cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
+    x, w = inputs()
+    np.testing.assert_allclose(opt(x, w), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
+    assert opt.simplified is None
+    assert "note: simplification changed the model's outputs (output 0: max |diff|" in opt.report()
+    assert "the model is placed as given" in opt.report()
+
+
 def test_graph_level_search_returns_a_correct_module_no_slower_than_op_level(tmp_path, monkeypatch):
     """A short graph-level search on a small zoo model: the refined module matches torch, it
     is no slower than the op-level placement timed in the same run, and a second run with the
