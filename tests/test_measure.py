@@ -450,6 +450,29 @@ def test_a_task_travels_as_text_and_arrays_and_arrives_whole():
     assert arrived.backend == NUMPY and arrived.timing == FAST
 
 
+def test_the_worker_starts_before_the_models_values_are_computed_and_only_when_there_is_something_to_measure(
+        tmp_path, monkeypatch):  # fmt: skip
+    # Its start-up (importing every library, seconds) overlaps them: MobileNetV1's measuring
+    # took 11.1-11.3 s instead of 13.5-13.8 on a 2-core Xeon.
+    import collage.measuring.measure as measure
+
+    events = []
+
+    class Starting(InProcess):
+        def start(self):
+            events.append("worker started")
+
+    values = measure.intermediate_values
+    monkeypatch.setattr(measure, "intermediate_values", lambda *a: events.append("values") or values(*a))
+    m = measurer(tmp_path, NUMPY, runner=Starting())
+    candidates = generate(DataflowGraph.from_module(Unary), m.backends)
+    m.measure_all(candidates, progress=False)
+    assert events == ["worker started", "values"]
+    again = measurer(tmp_path, NUMPY, runner=Starting())
+    again.measure_all(candidates, progress=False)
+    assert events == ["worker started", "values"]  # all logged: no worker, no values
+
+
 def test_transitions_are_measured_beside_the_whole_model_candidates(tmp_path):
     # On a fleet they then take servers of their own, instead of one after another later.
     class Recording(InProcess):

@@ -194,6 +194,10 @@ class Measurer:
         one, and is skipped where the twin is within the budget."""
         candidates = list(candidates)
         todo = self.missing(candidates)
+        if todo and hasattr(self.runner, "start"):
+            # The worker imports every library (seconds) while this process computes the
+            # model's values or the compile pool runs, instead of after them.
+            self.runner.start()
         graphs = {id(c.subgraph.graph): c.subgraph.graph for c in todo}
         # Candidates the search bound skips are never logged, so they are in ``todo`` each time:
         # BERT-base's values took 60 s of an optimization that then measured nothing.
