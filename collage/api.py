@@ -248,7 +248,7 @@ def optimize_with(
                                                      config.accuracy, held_to_budget=config.accuracy is not None)  # fmt: skip
             except OptimizeError as err:  # wrong even on TVM: the others may be right
                 record.left_out[str(name)] = f"{name} left out: {err}"
-    if OP_LEVEL in placements and OP_LEVEL not in finalists and model.simplified is not None:
+    if OP_LEVEL in placements and OP_LEVEL not in finalists:
         # Wrong with every kernel on TVM: where the simplified model itself computes something
         # else, a simplification is at fault, and the model is placed as given instead.
         changed = simplification_changed(model, END_TO_END_RTOL)

@@ -5,7 +5,7 @@
 ``tvm.relax.dpl`` pattern with its replacement (``pattern_rewrite``).
 """
 
-from .idioms import negative_indices_wrapped
+from .idioms import WRAP_NEGATIVE_TAKE_INDICES
 from .ops import op_count, op_histogram
 from .pipeline import DEFAULT_STEPS, SimplifyReport, StepCount, TvmPass, simplify
 
@@ -14,7 +14,7 @@ __all__ = [
     "SimplifyReport",
     "StepCount",
     "TvmPass",
-    "negative_indices_wrapped",
+    "WRAP_NEGATIVE_TAKE_INDICES",
     "op_count",
     "op_histogram",
     "simplify",

@@ -281,12 +281,3 @@ def _wrapped_indices(matches: Matches, single_use: set) -> relax.Expr | None:
 # instead of from the end: Falcon's outputs came out wrong by 100%. ONNX's Gather and torch
 # count negative indices from the end; written that way, every backend agrees.
 WRAP_NEGATIVE_TAKE_INDICES = PatternRewrite("wrap_negative_take_indices", _take, _wrapped_indices)
-
-
-def negative_indices_wrapped(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
-    """``mod`` with its fast takes at constant negative indices counted from the end
-    (``WRAP_NEGATIVE_TAKE_INDICES``), and how many there were. Not a simplification but the
-    model's meaning: read out of bounds, such a take gives whatever lies in memory there
-    (Falcon's unoptimized outputs were NaN in one run and wrong by 100% in the next), and the
-    unoptimized model is what every placement is checked against."""
-    return WRAP_NEGATIVE_TAKE_INDICES.apply(mod)
