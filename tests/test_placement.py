@@ -2,8 +2,11 @@
 
 import itertools
 import random
+import time
 
 import pytest
+import tvm
+from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -185,6 +188,32 @@ def _runs(combo) -> bool:
     return True
 
 
+def _connected_convex(graph, sizes) -> list[tuple[int, ...]]:
+    """Every node set of the given sizes a candidate could cover: connected and convex."""
+    return [
+        nodes
+        for size in sizes
+        for nodes in itertools.combinations(range(len(graph)), size)
+        if SubGraph(graph, frozenset(nodes)).is_connected() and SubGraph(graph, frozenset(nodes)).is_convex()
+    ]
+
+
+def _random_prices(graph, rng, backends, sizes, count) -> dict:
+    """Every node alone on tvm, and ``count`` random connected convex sets of ``sizes`` nodes
+    on each of ``backends``, at random prices."""
+    table = {("tvm", (i,)): rng.uniform(0.5, 2.0) for i in range(len(graph))}
+    connected = _connected_convex(graph, sizes)
+    for backend in backends:
+        for nodes in rng.sample(connected, min(len(connected), count)):
+            table[(backend, nodes)] = rng.uniform(0.3, 3.0)
+    return table
+
+
+def _covers_once_and_runs(placement, graph) -> bool:
+    return (sorted(i for part in placement for i in part.nodes) == list(range(len(graph)))
+            and _runs([part.candidate for part in placement.partitions]))
+
+
 # fmt: off
 @I.ir_module
 class Wide:
@@ -207,22 +236,12 @@ class Wide:
 def test_dp_matches_brute_force(module, seed):
     g = DataflowGraph.from_module(module)
     rng = random.Random(seed)
-    table = {("tvm", (i,)): rng.uniform(0.5, 2.0) for i in range(len(g))}
-    connected = [
-        nodes
-        for size in (2, 3, 4)
-        for nodes in itertools.combinations(range(len(g)), size)
-        if SubGraph(g, frozenset(nodes)).is_connected() and SubGraph(g, frozenset(nodes)).is_convex()
-    ]
-    for backend in ("lib", "engine"):
-        for nodes in rng.sample(connected, min(len(connected), 6)):
-            table[(backend, nodes)] = rng.uniform(0.3, 3.0)
+    table = _random_prices(g, rng, ("lib", "engine"), (2, 3, 4), 6)
     candidates, prices = priced(g, table)
     transition = {"tvm": 0.0, "lib": 0.05, "engine": rng.uniform(0.0, 0.5)}.get
     p = place(g, candidates, prices, transition)
     assert p.estimated_ms == pytest.approx(brute_force(g, candidates, prices, transition))
-    assert sorted(i for part in p for i in part.nodes) == list(range(len(g)))
-    assert _runs([part.candidate for part in p.partitions])
+    assert _covers_once_and_runs(p, g)
 
 
 class _PricesAndTransitions(PriceList):
@@ -239,12 +258,7 @@ def test_candidates_the_search_bound_skips_never_make_a_winning_placement(module
     # cheap, wherever it beats the best whole-model candidate (measure.SearchBound).
     g = DataflowGraph.from_module(module)
     rng = random.Random(seed)
-    connected = [
-        nodes
-        for size in (2, 3)
-        for nodes in itertools.combinations(range(len(g)), size)
-        if SubGraph(g, frozenset(nodes)).is_connected() and SubGraph(g, frozenset(nodes)).is_convex()
-    ]
+    connected = _connected_convex(g, (2, 3))
     table = {("tvm", (i,)): rng.uniform(0.05, 1.0) for i in range(len(g))}
     table[("tvm", (0,))] = 0.01  # less than entering any backend but TVM: their node-0 candidates are skipped
     table |= {("tvm", nodes): rng.uniform(0.05, 1.0) for nodes in rng.sample(connected, min(len(connected), 3))}
@@ -261,3 +275,55 @@ def test_candidates_the_search_bound_skips_never_make_a_winning_placement(module
     every = place(g, candidates, prices, transition).estimated_ms
     assert min(place(g, kept, prices, transition).estimated_ms, best_whole) == pytest.approx(min(every, best_whole))
     assert len(kept) < len(candidates)  # and it does skip
+
+
+def _layers(width: int, depth: int) -> tvm.IRModule:
+    """``width`` chains of ``depth`` exps from one input, written a layer at a time (every
+    chain's first exp, then every chain's second, ...), then summed: as a GRU's importer
+    writes its time steps' input projections."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            ends = [x] * width
+            for _ in range(depth):
+                ends = [bb.emit(relax.op.exp(y)) for y in ends]
+            total = ends[0]
+            for y in ends[1:]:
+                total = bb.emit(relax.op.add(total, y))
+            out = bb.emit_output(total)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_graph_too_wide_for_the_exact_search_is_placed_at_its_lowest_nodes_in_linear_time():
+    # Each chain's two exps on "lib" together, or each on tvm: a search that expands at the
+    # lowest unplaced node still holds any of 2**30 sets of second exps placed ahead of it
+    # (a GRU of 32 steps took 24 GB and was killed). In groups by that node, the most
+    # promising of each, it finds every chain's cheapest cover in well under a second.
+    width, depth = 30, 2
+    g = DataflowGraph.from_module(_layers(width, depth))
+    table = {("tvm", (i,)): 1.0 for i in range(len(g))}
+    table |= {("lib", (i, i + width)): 0.9 for i in range(width)}
+    candidates, prices = priced(g, table)
+    start = time.perf_counter()
+    p = place(g, candidates, prices, max_states=10_000)
+    assert time.perf_counter() - start < 5.0
+    assert not p.exact
+    assert p.estimated_ms == pytest.approx(width * 0.9 + (len(g) - width * depth) * 1.0)  # the sums on tvm
+    assert _covers_once_and_runs(p, g)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("module", [Chain, Diamond, Crossed, Wide], ids=["chain", "diamond", "crossed", "wide"])
+def test_the_lowest_node_search_gives_a_placement_that_runs_and_no_cheaper_than_the_exact_one(module, seed):
+    g = DataflowGraph.from_module(module)
+    table = _random_prices(g, random.Random(seed), ("lib",), (2, 3), 5)
+    candidates, prices = priced(g, table)
+    exact = place(g, candidates, prices)
+    for beam in (1, 1000):
+        lowest = place(g, candidates, prices, max_states=1, beam=beam)
+        assert not lowest.exact and lowest.estimated_ms >= exact.estimated_ms - 1e-9
+        assert _covers_once_and_runs(lowest, g)
+    if module is Chain:  # a chain's lowest node is its only frontier node: nothing is missed
+        assert lowest.estimated_ms == pytest.approx(exact.estimated_ms)

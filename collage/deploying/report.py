@@ -245,7 +245,7 @@ def format_report(opt) -> str:
             f"{r.measured} measured now{_timed_once_text(r.timed_once)}, {_skipped_text(r.skipped)}{_timed_out_text(r.timed_out)}"
             "the rest from the cost log; "
             f"{r.seconds.total:.1f} s in all ({_stages_text(r.seconds)})"
-            + ("" if r.exact else "; placement searched at the lowest frontier node only (state cap)")
+            + ("" if r.exact else "; placement searched at each lowest unplaced node only, its most promising partial placements (state cap)")
         )
         if (measuring := measuring_text(r)) is not None:
             lines.append(measuring)

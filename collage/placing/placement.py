@@ -9,23 +9,31 @@ The search is the paper's frontier DP (Algorithm 1), exact under that model. A s
 set of nodes placed so far, always closed under producers (every producer of a placed node is
 placed), and its frontier is the unplaced nodes whose producers are all placed. A step adds
 one candidate whose external inputs are all placed and which starts at a frontier node.
-States are visited cheapest first (Dijkstra: every step costs at least zero), so the first
-time the full graph is reached, no placement is cheaper. Every placement whose partitions can
-run in some order is reached by adding its partitions in that order, so none is missed; and
-one that could not run (two partitions each waiting for the other) is never built.
+States are visited in order of their cost plus an estimate of what is left that never
+overestimates it (A*: each unplaced node at the least per node any candidate covering it
+costs), so the first time the full graph is reached, no placement is cheaper, and partial
+placements already dearer than a whole one are never expanded. Every placement whose
+partitions can run in some order is reached by adding its partitions in that order, so none
+is missed; and one that could not run (two partitions each waiting for the other) is never
+built.
 
 The number of states grows with the graph's width: a NASNet cell has five branches that
-can each be partly placed. Past ``max_states`` the search starts over, expanding each state
-only at its lowest frontier node (TVM Collage's rule: far fewer states, since branches are
-then placed one after the other). That misses only placements needing a candidate that
-starts at the lowest frontier node but reads from a later one; ``Placement.exact`` says
-which search gave the answer.
+can each be partly placed; in a GRU unrolled over 32 steps, candidates starting early take
+along any of 32 splits of the input projections, each placed or not ahead of its turn, and no
+cap on the states could hold the 2**32 sets (24 GB, then killed). Past ``max_states`` the
+search starts over under TVM Collage's rule, expanding each state only at its lowest
+unplaced node, which misses only placements needing a candidate that starts there but reads
+from a later node. Every step then raises that node, so the states are searched in groups by
+it, each group once, and of each only the ``beam`` most promising (cost plus estimate) are
+expanded: time and memory grow with the graph's size, not its width. ``Placement.exact``
+says which search gave the answer.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -90,7 +98,7 @@ class Placement:
 
     graph: DataflowGraph
     partitions: tuple[Partition, ...]
-    exact: bool = True  # False when the state cap made the search expand only the lowest frontier node
+    exact: bool = True  # False when the state cap made the search expand only the lowest unplaced node
 
     @property
     def estimated_ms(self) -> float:
@@ -109,19 +117,22 @@ def place(
     costs: CostSource,
     transition_ms: Callable[[str], float] = lambda backend: 0.0,
     max_states: int = 100_000,
+    beam: int = 1_000,
 ) -> Placement:
     """The cheapest placement of ``graph`` over ``candidates`` under ``costs``.
 
     ``costs`` must know every candidate's cost (invalid ones are left out); ``transition_ms``
-    gives each backend's entry cost. Raises ``PlacementError`` when some node has no usable
-    candidate.
+    gives each backend's entry cost. Past ``max_states`` states, each state is expanded at its
+    lowest unplaced node only, ``beam`` states per node (see the module's docstring). Raises
+    ``PlacementError`` when some node has no usable candidate.
     """
     usable = _usable(candidates, costs, transition_ms)
     _check_coverage(graph, usable)
+    steps = _Steps.of(graph, usable)
     try:
-        return _search(graph, usable, max_states, lowest_only=False)
+        return _search(graph, steps, max_states)
     except _TooManyStates:
-        return _search(graph, usable, None, lowest_only=True)
+        return _lowest_node_search(graph, steps, beam)
 
 
 class _TooManyStates(Exception):
@@ -140,57 +151,122 @@ def _usable(candidates, costs, transition_ms) -> list[tuple[Candidate, Cost, flo
     return usable
 
 
-def _search(graph, usable, max_states: int | None, lowest_only: bool) -> Placement:
-    n = len(graph)
+@dataclass(frozen=True)
+class _Steps:
+    """The usable candidates as the searches' steps: by their first node, what each costs, and
+    the estimate of what is left that each takes away (``covers``; ``left`` is the whole
+    graph's)."""
+
+    usable: list[tuple[Candidate, Cost, float, int, int]]
+    starting_at: list[list[int]]
+    step_ms: list[float]
+    covers: list[float]
+    left: float
+
+    @classmethod
+    def of(cls, graph, usable) -> _Steps:
+        n = len(graph)
+        starting_at: list[list[int]] = [[] for _ in range(n)]
+        for k, (c, *_rest) in enumerate(usable):
+            starting_at[min(c.subgraph.nodes)].append(k)
+        step_ms = [cost.median_ms + transition for _, cost, transition, _, _ in usable]
+        # A candidate's cost is the sum of its nodes' shares, so no step costs less than the
+        # estimate it takes away. Whole-graph candidates are left out: they are steps from the
+        # empty state only, which is expanded first whatever its estimate, and their one
+        # share, spread over every node, would make the estimate nearly nothing.
+        per_node = [math.inf] * n
+        for (c, *_rest), ms in zip(usable, step_ms):
+            if len(c.subgraph.nodes) < n:
+                for v in c.subgraph.nodes:
+                    per_node[v] = min(per_node[v], ms / len(c.subgraph.nodes))
+        per_node = [0.0 if math.isinf(share) else share for share in per_node]
+        covers = [sum(per_node[v] for v in c.subgraph.nodes) for c, *_rest in usable]
+        return cls(usable, starting_at, step_ms, covers, sum(per_node))
+
+    def placement(self, graph, reached: dict[int, tuple[float, int, int]], exact: bool) -> Placement:
+        """The placement that reached the full state, traced back through ``reached``
+        (state -> (cost, previous state, step))."""
+        chosen, state = [], (1 << len(graph)) - 1
+        while state:
+            _, state, k = reached[state]
+            chosen.append(k)
+        return Placement(graph, tuple(Partition(*self.usable[k][:3]) for k in reversed(chosen)), exact=exact)
+
+
+def _search(graph, steps: _Steps, max_states: int) -> Placement:
+    """The exact search: A* over placed-node sets, every frontier node expanded."""
+    usable, n = steps.usable, len(graph)
     full = (1 << n) - 1
     producers = [_mask(node.inputs) for node in graph]
-    starting_at: list[list[int]] = [[] for _ in range(n)]  # candidates by their first node
-    for k, (c, *_rest) in enumerate(usable):
-        starting_at[min(c.subgraph.nodes)].append(k)
-
-    # Dijkstra over placed-node sets. best[state] = (cost, previous state, candidate index).
-    start_frontier = frozenset(i for i in range(n) if producers[i] == 0)
-    best: dict[int, tuple[float, int, int]] = {0: (0.0, -1, -1)}
-    frontier: dict[int, frozenset[int]] = {0: start_frontier}
+    best: dict[int, tuple[float, int, int]] = {0: (0.0, -1, -1)}  # state -> (cost, previous, step)
+    left: dict[int, float] = {0: steps.left}  # state -> estimate of what is left
+    frontier: dict[int, frozenset[int]] = {0: frozenset(i for i in range(n) if producers[i] == 0)}
     done: set[int] = set()
     tie = itertools.count()  # equal costs pop in insertion order: deterministic results
-    heap = [(0.0, next(tie), 0)]
+    heap = [(steps.left, next(tie), 0)]
     while heap:
-        spent, _, state = heapq.heappop(heap)
+        _, _, state = heapq.heappop(heap)
         if state in done:
             continue
         done.add(state)
         if state == full:
-            break
-        if max_states is not None and len(best) > max_states:
+            return steps.placement(graph, best, exact=True)
+        if len(best) > max_states:
             raise _TooManyStates
-        for v in (min(frontier[state]),) if lowest_only else frontier[state]:
-            for k in starting_at[v]:
-                _, cost, transition, members, inputs = usable[k]
+        spent = best[state][0]
+        for v in frontier[state]:
+            for k in steps.starting_at[v]:
+                members, inputs = usable[k][3], usable[k][4]
                 if members & state or inputs & ~state:
                     continue
                 after = state | members
-                total = spent + cost.median_ms + transition
+                total = spent + steps.step_ms[k]
                 if after not in best or total < best[after][0]:
                     best[after] = (total, state, k)
-                    if after not in frontier:
+                    if after not in left:
                         frontier[after] = _advance(graph, producers, frontier[state], members, after)
-                    heapq.heappush(heap, (total, next(tie), after))
+                        left[after] = max(left[state] - steps.covers[k], 0.0)
+                    heapq.heappush(heap, (total + left[after], next(tie), after))
         del frontier[state]  # a visited state is never expanded again
-    if full not in done:
-        raise PlacementError("no placement covers the whole graph with usable candidates")
+    raise PlacementError("no placement covers the whole graph with usable candidates")
 
-    chosen = []
-    state = full
-    while state:
-        _, previous, k = best[state]
-        chosen.append(k)
-        state = previous
-    return Placement(
-        graph,
-        tuple(Partition(*usable[k][:3]) for k in reversed(chosen)),
-        exact=not lowest_only,
-    )
+
+def _lowest_node_search(graph, steps: _Steps, beam: int) -> Placement:
+    """Each state expanded at its lowest unplaced node only, in groups by that node, the
+    ``beam`` most promising of each group (cost plus estimate left)."""
+    usable, n = steps.usable, len(graph)
+    # groups[m]: state -> (cost, previous, step, estimate left) of the states whose lowest
+    # unplaced node is m; group n holds the full state.
+    groups: list[dict[int, tuple[float, int, int, float]]] = [{} for _ in range(n + 1)]
+    groups[0][0] = (0.0, -1, -1, steps.left)
+    reached: dict[int, tuple[float, int, int]] = {}
+    for m in range(n + 1):
+        group, groups[m] = _most_promising(groups[m], beam), {}
+        for state, (spent, previous, k_in, left) in group.items():
+            reached[state] = (spent, previous, k_in)
+            for k in steps.starting_at[m] if m < n else ():
+                members, inputs = usable[k][3], usable[k][4]
+                if members & state or inputs & ~state:
+                    continue
+                after, total = state | members, spent + steps.step_ms[k]
+                later = groups[_lowest_unset(after)]
+                if after not in later or total < later[after][0]:
+                    later[after] = (total, state, k, left - steps.covers[k])
+                    if len(later) > 4 * beam:  # bounded memory while a group fills
+                        groups[_lowest_unset(after)] = _most_promising(later, beam)
+    if (1 << n) - 1 not in reached:
+        raise PlacementError("no placement covers the whole graph with usable candidates")
+    return steps.placement(graph, reached, exact=False)
+
+
+def _most_promising(group: dict, beam: int) -> dict:
+    if len(group) <= beam:
+        return group
+    return dict(heapq.nsmallest(beam, group.items(), key=lambda item: item[1][0] + item[1][3]))
+
+
+def _lowest_unset(mask: int) -> int:
+    return (~mask & (mask + 1)).bit_length() - 1
 
 
 def _mask(indices: Iterable[int]) -> int:
