@@ -202,8 +202,9 @@ def prepare_collage(w: Workload, threads: int, accuracy: float | None = None, en
 
     # With a budget, collage holds it on the two input sets every peer is held to.
     calibration = None if accuracy is None else [[t.numpy() for t in w.inputs], second_draw(w)]
-    model, extra = {"relax": (w.relax, {}), "torch": (w.torch, {"example_inputs": tuple(w.inputs)}),
-                    "onnx": (w.onnx, {})}[entry]  # fmt: skip
+    # Only the entry's own form is built: a model torch cannot export to ONNX still has the others.
+    model, extra = {"relax": lambda: (w.relax, {}), "torch": lambda: (w.torch, {"example_inputs": tuple(w.inputs)}),
+                    "onnx": lambda: (w.onnx, {})}[entry]()  # fmt: skip
     opt = collage.optimize(model, threads=threads, accuracy=accuracy, calibration=calibration,
                            substitutions=substitutions, **extra)  # fmt: skip
     print(opt.report(), flush=True)

@@ -94,6 +94,23 @@ def test_a_torch_module_imports_for_its_example_inputs():
     assert {"Conv", "Relu"} <= {n.op_type for n in from_program.onnx_model.graph.node}
 
 
+def test_torchs_own_transformer_layers_export_as_their_users_export_them():
+    # Called under no_grad, as inference code is, the export still traces the layers' plain
+    # operators, not the fused fast path no ONNX opset has (aten::_transformer_encoder_layer_fwd).
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    model, x = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval(), torch.randn(1, 8, 32)
+    with torch.no_grad():
+        imported = import_model(model, example_inputs=x)
+        expected = model(x).numpy()
+    assert imported.onnx_note is None
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(imported.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "model, kwargs, message",
     [

@@ -118,7 +118,9 @@ def export_onnx(module, example_inputs) -> tuple[object | None, str | None]:
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     buffer = io.BytesIO()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        # With gradients on, as users export: under no_grad, nn.TransformerEncoderLayer and
+        # nn.MultiheadAttention take their fused fast paths, which no ONNX opset has.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.enable_grad():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
             # PRESERVE: the exporter would switch the module to eval mode itself, which an
             # exported program's module refuses (a module in training mode never gets here).
