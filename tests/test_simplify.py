@@ -532,6 +532,27 @@ def test_a_constant_matmul_operand_with_unit_leading_axes_becomes_its_matrix():
     assert report.applied("matrix_weight") == 0 and [tuple(map(int, s)) for s in weights(kept)] == [(1, 16, 8)]
 
 
+def test_a_matmul_operand_broadcast_to_the_batch_the_matmul_broadcasts_to_anyway_stays_itself():
+    # nn.MultiheadAttention's projection on a (tokens, batch, features) input, as PyTorch
+    # decomposes it: the transposed weight expanded to one copy per token. Folded, that was
+    # a (32, 16, 24) constant; the matmul broadcasts the (16, 24) matrix itself.
+    weight = _random(24, 16)
+
+    def projection(bb, x, tokens=32):
+        w = bb.emit(relax.op.broadcast_to(relax.op.permute_dims(relax.const(weight)), (tokens, 16, 24)))
+        return relax.op.matmul(bb.emit(relax.op.broadcast_to(x, x.ty.shape)), w)
+
+    def weights(mod):
+        return [tuple(map(int, b.value.args[1].ty.shape)) for b in mod["main"].body.blocks[0].bindings
+                if getattr(b.value.op, "name", "") == "relax.matmul"]  # fmt: skip
+
+    after, report = _simplify(_module((32, 2, 16), projection))
+    assert report.applied("matmul_broadcasts_itself") == 1 and weights(after) == [(16, 24)]
+    # Where the broadcast adds the batch the input lacks, it is the product's own: it stays.
+    kept, report = _simplify(_module((1, 2, 16), projection))
+    assert report.applied("matmul_broadcasts_itself") == 0 and weights(kept) == [(32, 16, 24)]
+
+
 # --------------------------------------------------------------------------- constants and clean-up
 
 

@@ -22,8 +22,8 @@ from .batch_norm import (BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, FOLD_SCALE_
                          SCALE_BEFORE_BIAS)
 from .constants import FOLD_ARANGE, FOLD_INDEX_TENSOR, FOLD_PERMUTE_DIMS
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE
-from .idioms import (CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_ON_ALL_AXES, MATRIX_WEIGHT, MERGE_CLIPS,
-                     TE_CALLS_AS_OPS, WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
+from .idioms import (CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_BROADCASTS_ITSELF, MATMUL_ON_ALL_AXES,
+                     MATRIX_WEIGHT, MERGE_CLIPS, TE_CALLS_AS_OPS, WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
 from .ops import binding_count, op_count
 from .transposes import COMPOSE_PERMUTE_DIMS, IDENTITY_PERMUTE_DIMS, MATMUL_OF_TRANSPOSES, PERMUTE_DIMS_OF_UNIT_AXES
 
@@ -69,6 +69,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     FOLD_ARANGE,
     FOLD_INDEX_TENSOR,
     FOLD_PERMUTE_DIMS,  # a constant matmul operand's transpose, before FoldConstant folds the rest
+    MATMUL_BROADCASTS_ITSELF,  # before FoldConstant, which would write a broadcast weight out
     TvmPass("FoldConstant", transform.FoldConstant),
     CLIP_FROM_MAX_MIN,
     MERGE_CLIPS,
