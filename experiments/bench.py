@@ -38,6 +38,7 @@ import numpy as np
 
 from experiments import models
 from experiments.corpus import CORPUS
+from experiments.torch_nn import TORCH_NN
 from experiments.peers import ENTRY_POINTS, OURS, PEERS, PrepareFn, Runner, pin_threads, prepare_collage, second_draw, torch_outputs_on
 from experiments.plot import format_ms, peer_names, plot_latency
 
@@ -411,8 +412,9 @@ def run(
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--model", nargs="+", required=True, choices=[*models.MODELS, *CORPUS, "all", "corpus"], metavar="NAME",
-        help=f"models to run, 'all' (the zoo) or 'corpus' (experiments.corpus): {', '.join([*models.MODELS, *CORPUS])}",
+        "--model", nargs="+", required=True, choices=[*models.MODELS, *CORPUS, *TORCH_NN, "all", "corpus", "torch_nn"],
+        metavar="NAME", help="models to run, 'all' (the zoo), 'corpus' (experiments.corpus) or 'torch_nn' "
+        f"(experiments.torch_nn): {', '.join([*models.MODELS, *CORPUS, *TORCH_NN])}",
     )  # fmt: skip
     parser.add_argument(
         "--peers", nargs="+", default=[p for p in PEERS if p not in ("openvino-default", "collage (substitutions)")],
@@ -450,8 +452,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    names = [n for n in args.model if n not in ("all", "corpus")]
+    names = [n for n in args.model if n not in ("all", "corpus", "torch_nn")]
     names += list(models.MODELS) * ("all" in args.model) + list(CORPUS) * ("corpus" in args.model)
+    names += list(TORCH_NN) * ("torch_nn" in args.model)
     settings = Settings(args.threads, args.budget, args.min_reps, args.max_reps, accuracy=args.accuracy)
     peers = {name: PEERS[name] for name in PEERS if name in args.peers}
     for name, entry in ENTRY_POINTS.items():

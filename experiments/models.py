@@ -732,6 +732,7 @@ class ModelSpec:
     description: str = ""
     vocab: int | None = None  # int64 inputs are token ids in [0, vocab)
     small_build: Callable[[], nn.Module] | None = None  # a reduced config for the test suite, if any
+    more_inputs: tuple[tuple[int, ...], ...] = ()  # the shapes of float32 inputs after the first, if any
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -805,8 +806,10 @@ def random_inputs(spec: ModelSpec, shape, seed=SEED) -> tuple[torch.Tensor, ...]
     if spec.dtype == torch.int64:  # token ids, in range for the model's embedding table
         if spec.vocab is None:
             raise ValueError(f"{spec.description or spec.build}: int64 input needs ModelSpec.vocab")
-        return (torch.randint(0, spec.vocab, shape, generator=g),)
-    return (torch.randn(shape, generator=g),)
+        first = torch.randint(0, spec.vocab, shape, generator=g)
+    else:
+        first = torch.randn(shape, generator=g)
+    return (first, *(torch.randn(more, generator=g) for more in spec.more_inputs))
 
 
 @torch.no_grad()
@@ -817,8 +820,9 @@ def _perturb_constant_parameters(net: nn.Module, std: float = 0.02) -> None:
 
 
 @torch.no_grad()
-def _calibrate_batchnorm(net: nn.Module, example: torch.Tensor) -> None:
-    """Set BatchNorm running statistics from a random batch (cumulative average, one pass)."""
+def _calibrate_batchnorm(net: nn.Module, examples: tuple[torch.Tensor, ...]) -> None:
+    """Set BatchNorm running statistics from a random batch (cumulative average, one pass):
+    the examples, each repeated to a batch of two where it is one."""
     bns = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not bns:
         return
@@ -826,19 +830,24 @@ def _calibrate_batchnorm(net: nn.Module, example: torch.Tensor) -> None:
         bn.reset_running_stats()
         bn.momentum = None
     net.train()
-    net(example.expand(2, *example.shape[1:]).contiguous())
+    net(*(x.expand(2, *x.shape[1:]).contiguous() if x.shape[0] == 1 else x for x in examples))
     net.eval()
 
 
 def model_spec(name: str) -> ModelSpec:
-    """The zoo's model ``name``, or else the corpus's (``experiments.corpus``)."""
+    """The zoo's model ``name``, or else the corpus's (``experiments.corpus``), or else the
+    torch.nn set's (``experiments.torch_nn``)."""
     if name in MODELS:
         return MODELS[name]
-    from experiments.corpus import CORPUS  # imported here: the corpus is built from this module
+    # Imported here: both are built from this module.
+    from experiments.corpus import CORPUS
+    from experiments.torch_nn import TORCH_NN
 
-    if name in CORPUS:
-        return CORPUS[name]
-    raise KeyError(f"unknown model {name!r}; the zoo has: {', '.join(MODELS)}; the corpus: {', '.join(CORPUS)}")
+    for specs in (CORPUS, TORCH_NN):
+        if name in specs:
+            return specs[name]
+    raise KeyError(f"unknown model {name!r}; the zoo has: {', '.join(MODELS)}; the corpus: {', '.join(CORPUS)}; "
+                   f"the torch.nn set: {', '.join(TORCH_NN)}")
 
 
 class Workload:
@@ -853,7 +862,7 @@ class Workload:
         _perturb_constant_parameters(net)
         self.inputs = random_inputs(self.spec, self.input_shape, seed)
         if self.spec.dtype.is_floating_point:
-            _calibrate_batchnorm(net, self.inputs[0])
+            _calibrate_batchnorm(net, self.inputs)
         self.torch = net
 
     def __repr__(self):
