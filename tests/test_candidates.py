@@ -1,5 +1,7 @@
 """The pattern generator on small hand-built graphs: exact candidate sets."""
 
+import itertools
+
 import numpy as np
 import pytest
 import tvm
@@ -132,6 +134,23 @@ def test_convexity():
     assert not SubGraph(g, S(0, 1, 3)).is_convex()  # through 2
     assert SubGraph(g, S(0, 1, 2)).is_convex()
     assert not SubGraph(g, S(1, 2)).is_connected()
+
+
+def test_convexity_is_the_definition_on_every_node_set_of_a_branching_graph():
+    # No path from a member through a non-member back to a member, checked by walking every
+    # path: what the descendants' masks answer in a few operations.
+    g = DataflowGraph.from_module(Diamond)
+    extended = [(i, j) for i in range(len(g)) for j in g.consumers[i]]
+
+    def paths_from(i):
+        return [[i]] + [[i, *rest] for a, b in extended if a == i for rest in paths_from(b)]
+
+    for size in range(1, len(g) + 1):
+        for nodes in itertools.combinations(range(len(g)), size):
+            leaves_and_returns = any(
+                p[0] in nodes and p[-1] in nodes and any(k not in nodes for k in p[1:-1])
+                for i in nodes for p in paths_from(i))  # fmt: skip
+            assert SubGraph(g, frozenset(nodes)).is_convex() == (not leaves_and_returns), nodes
 
 
 def test_sub_graph_boundary_and_extraction_runs():

@@ -96,18 +96,11 @@ class SubGraph:
     def is_convex(self) -> bool:
         """No path leaves the sub-graph and comes back: such a sub-graph could not run as one
         kernel, since it would need a value computed from its own output."""
-        g, last = self.graph, max(self.nodes)
-        # Bindings are in topological order: a node after the last member cannot lead back.
-        todo = [c for i in self.nodes for c in g.consumers[i] if c < last and c not in self.nodes]
-        seen = set(todo)
-        while todo:
-            for c in g.consumers[todo.pop()]:
-                if c in self.nodes:
-                    return False
-                if c < last and c not in seen:
-                    seen.add(c)
-                    todo.append(c)
-        return True
+        g, members = self.graph, 0
+        for i in self.nodes:
+            members |= 1 << i
+        leaving = {c for i in self.nodes for c in g.consumers[i] if not (members >> c) & 1}
+        return not any(g.descendants[c] & members for c in leaving)
 
     # ------------------------------------------------------------------ extraction
 
