@@ -47,6 +47,8 @@ MAX_REL_ERR = 1e-3  # outputs further than this from torch's are flagged in the 
 ORDER_SEED = 0  # the rounds' random orders are the same in every run
 BUSY_MACHINE_CORES = 0.25  # other processes using more than this while timing get a warning
 EXPORTS = ("onnx", "relax")  # the Workload forms the peers compile from, besides torch
+# What --model takes for a whole set of models: the zoo, the corpus, the torch.nn set.
+MODEL_SETS = {"all": models.MODELS, "corpus": CORPUS, "torch_nn": TORCH_NN}
 VERSIONED_PACKAGES = ("torch", "apache-tvm", "onnxruntime", "openvino", "onnx", "numpy")
 
 
@@ -412,7 +414,7 @@ def run(
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--model", nargs="+", required=True, choices=[*models.MODELS, *CORPUS, *TORCH_NN, "all", "corpus", "torch_nn"],
+        "--model", nargs="+", required=True, choices=[*models.MODELS, *CORPUS, *TORCH_NN, *MODEL_SETS],
         metavar="NAME", help="models to run, 'all' (the zoo), 'corpus' (experiments.corpus) or 'torch_nn' "
         f"(experiments.torch_nn): {', '.join([*models.MODELS, *CORPUS, *TORCH_NN])}",
     )  # fmt: skip
@@ -452,9 +454,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    names = [n for n in args.model if n not in ("all", "corpus", "torch_nn")]
-    names += list(models.MODELS) * ("all" in args.model) + list(CORPUS) * ("corpus" in args.model)
-    names += list(TORCH_NN) * ("torch_nn" in args.model)
+    names = [n for n in args.model if n not in MODEL_SETS]
+    names += [name for key, specs in MODEL_SETS.items() if key in args.model for name in specs]
     settings = Settings(args.threads, args.budget, args.min_reps, args.max_reps, accuracy=args.accuracy)
     peers = {name: PEERS[name] for name in PEERS if name in args.peers}
     for name, entry in ENTRY_POINTS.items():

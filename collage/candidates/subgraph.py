@@ -70,6 +70,15 @@ class SubGraph:
         return tuple(seen)
 
     @functools.cached_property
+    def mask(self) -> int:
+        """The member nodes as a bit mask (bit i: node i), as the placement's searches and the
+        graph's ``descendants`` hold node sets."""
+        bits = 0
+        for i in self.nodes:
+            bits |= 1 << i
+        return bits
+
+    @functools.cached_property
     def input_nodes(self) -> frozenset[int]:
         return frozenset(p for i in self.nodes for p in self.graph[i].inputs if p not in self.nodes)
 
@@ -96,9 +105,7 @@ class SubGraph:
     def is_convex(self) -> bool:
         """No path leaves the sub-graph and comes back: such a sub-graph could not run as one
         kernel, since it would need a value computed from its own output."""
-        g, members = self.graph, 0
-        for i in self.nodes:
-            members |= 1 << i
+        g, members = self.graph, self.mask
         leaving = {c for i in self.nodes for c in g.consumers[i] if not (members >> c) & 1}
         return not any(g.descendants[c] & members for c in leaving)
 

@@ -147,7 +147,7 @@ def _usable(candidates, costs, transition_ms) -> list[tuple[Candidate, Cost, flo
         if cost.is_invalid:
             continue
         t = transition_ms(c.backend)
-        usable.append((c, cost, t, _mask(c.subgraph.nodes), _mask(c.subgraph.input_nodes)))
+        usable.append((c, cost, t, c.subgraph.mask, _mask(c.subgraph.input_nodes)))
     return usable
 
 
@@ -249,11 +249,12 @@ def _lowest_node_search(graph, steps: _Steps, beam: int) -> Placement:
                 if members & state or inputs & ~state:
                     continue
                 after, total = state | members, spent + steps.step_ms[k]
-                later = groups[_lowest_unset(after)]
+                lowest = _lowest_unset(after)
+                later = groups[lowest]
                 if after not in later or total < later[after][0]:
                     later[after] = (total, state, k, left - steps.covers[k])
                     if len(later) > 4 * beam:  # bounded memory while a group fills
-                        groups[_lowest_unset(after)] = _most_promising(later, beam)
+                        groups[lowest] = _most_promising(later, beam)
     if (1 << n) - 1 not in reached:
         raise PlacementError("no placement covers the whole graph with usable candidates")
     return steps.placement(graph, reached, exact=False)
