@@ -17,6 +17,7 @@ a backend's rule and the real conversion cannot disagree.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -31,7 +32,9 @@ from tvm import relax
 
 from ..model.graph import DataflowGraph, Node
 from ..model.frontend import IR_VERSION, OPSET
+from ..model.onnx_nodes import NodeWriter
 from .backend import Unsupported
+from .onnx_recurrences import rolled_recurrences
 from .static import check_type, dtype_of, ints, number, static_ints, static_shape
 
 
@@ -45,7 +48,7 @@ Names = Union[str, list]  # an ONNX value name, or the Names of a tuple's fields
 # --------------------------------------------------------------------------- the graph being built
 
 
-class _Graph:
+class _Graph(NodeWriter):
     """ONNX nodes and initializers being built, and the ONNX name of every Relax value.
 
     A dry run (``weights=False``) converts no constant data and gives values it has not
@@ -53,19 +56,9 @@ class _Graph:
     """
 
     def __init__(self, weights: bool = True):
+        super().__init__()
         self.weights = weights
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
         self.names: dict[relax.Expr, Names] = {}
-        self._taken: set[str] = set()
-
-    def fresh(self, hint: str) -> str:
-        name, k = hint, 0
-        while name in self._taken:
-            k += 1
-            name = f"{hint}_{k}"
-        self._taken.add(name)
-        return name
 
     def tensor(self, expr: relax.Expr) -> str:
         """The name holding a tensor-valued argument."""
@@ -82,21 +75,6 @@ class _Graph:
         if isinstance(expr, relax.Var):
             return self.names[expr] if expr in self.names else self._placeholder(expr)
         raise Unsupported(f"unsupported tuple argument {type(expr).__name__} {expr}")
-
-    def op(self, op_type: str, inputs: list[str], outputs: int = 1, **attrs) -> str | list[str]:
-        """Emit one node; its output name, or names when ``outputs`` > 1."""
-        names = [self.fresh(op_type.lower()) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, names, **attrs))
-        return names[0] if outputs == 1 else names
-
-    def initializer(self, array: np.ndarray, hint: str = "const") -> str:
-        name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def ints(self, values) -> str:
-        """A 1-D int64 initializer: shapes, axes, slice bounds."""
-        return self.initializer(np.array([int(v) for v in values], dtype="int64"), "ints")
 
     def scalar(self, value, dtype: str) -> str:
         return self.initializer(np.array(value, dtype=dtype), "scalar")
@@ -932,7 +910,7 @@ def to_onnx(func: relax.Function) -> onnx.ModelProto:
         # Outputs get their own names even where one value is returned twice, or is an input.
         g.nodes.append(helper.make_node("Identity", [name], [f"out{k}"]))
         outputs.append(_value_info(f"out{k}", ty))
-    nodes = _engines_forms(g)
+    nodes = _engines_forms(g, [o.name for o in outputs])
     read = {name for n in nodes for name in n.input}
     initializers = [t for t in g.initializers if t.name in read]  # the fused ones' constants go
     graph = helper.make_graph(nodes, "collage_subgraph", inputs, outputs, initializers)
@@ -945,8 +923,9 @@ class _Written:
     """The nodes written so far, read backwards for the engines' fusions below: who makes a
     value, how many nodes read it, and the scalar constants."""
 
-    def __init__(self, nodes: list, initializers: list, ranks: dict[str, int], fresh: Callable[[str], str]):
-        self.nodes, self.initializers, self.ranks, self.fresh = nodes, initializers, ranks, fresh
+    def __init__(self, nodes: list, initializers: list, shapes: dict[str, list[int]], fresh: Callable[[str], str]):
+        self.nodes, self.initializers, self.shapes, self.fresh = nodes, initializers, shapes, fresh
+        self.ranks = {name: len(shape) for name, shape in shapes.items()}
         self.constants = {t.name: t for t in initializers}
         self.scalars = {t.name: float(numpy_helper.to_array(t)) for t in initializers if not t.dims}
         self.float32 = {t.name for t in initializers if t.data_type == onnx.TensorProto.FLOAT}  # CPU kernels' type
@@ -1101,20 +1080,66 @@ def _attributes(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-# What engines fuse when they see the exporters' form, rewritten into that form.
-_FUSED_FORMS = (_hard_activations, _l2_norms, _biases)
+# What engines fuse when they see the exporters' form, rewritten into that form. A fusion
+# returns {id(node): the node, or the nodes, replacing it} and the ids of nodes it drops.
+_FUSED_FORMS = (rolled_recurrences, _hard_activations, _l2_norms, _biases)
 
 
-def _engines_forms(g: _Graph) -> list:
+def _engines_forms(g: _Graph, outputs: list[str]) -> list:
     """``g``'s nodes with what engines fuse rewritten into the exporters' form (new constants
-    join ``g.initializers``)."""
-    ranks = {name: len(expr.ty.shape) for expr, name in g.names.items()
-             if isinstance(name, str) and isinstance(expr.ty, relax.TensorType) and expr.ty.shape is not None}
+    join ``g.initializers``), in an order that computes each value before it is read, and
+    without the nodes whose values no one reads any more."""
+    shapes = {}
+    for expr, names in g.names.items():
+        for name, ty in zip(_flatten(names), _flat_types(expr.ty)):
+            if isinstance(ty, relax.TensorType) and ty.shape is not None:
+                shapes[name] = static_shape(ty)
     nodes = g.nodes
     for fusion in _FUSED_FORMS:
-        replaced, dropped = fusion(_Written(nodes, g.initializers, ranks, g.fresh))
-        nodes = [replaced.get(id(n), n) for n in nodes if id(n) not in dropped]
+        replaced, dropped = fusion(_Written(nodes, g.initializers, shapes, g.fresh))
+        if replaced or dropped:
+            nodes = [m for n in nodes if id(n) not in dropped for m in _as_list(replaced.get(id(n), n))]
+            nodes = _read_ones(_in_order(nodes), outputs)
     return nodes
+
+
+def _as_list(replacement) -> list:
+    return replacement if isinstance(replacement, list) else [replacement]
+
+
+def _in_order(nodes: list) -> list:
+    """``nodes`` ordered so that each comes after the nodes making its inputs, otherwise as
+    they were (a fusion puts its node where the first node it replaces was)."""
+    made_by = {name: k for k, n in enumerate(nodes) for name in n.output}
+    waiting = [sum(1 for name in set(n.input) if name in made_by) for n in nodes]
+    readers = [[] for _ in nodes]
+    for k, n in enumerate(nodes):
+        for name in set(n.input):
+            if name in made_by:
+                readers[made_by[name]].append(k)
+    ready = [k for k, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        k = heapq.heappop(ready)
+        ordered.append(nodes[k])
+        for r in readers[k]:
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    if len(ordered) != len(nodes):
+        raise Unsupported("a fusion of the ONNX conversion made a cycle")
+    return ordered
+
+
+def _read_ones(nodes: list, outputs: list[str]) -> list:
+    """``nodes`` without those whose values no kept node or output reads."""
+    read, kept = set(outputs), []
+    for n in reversed(nodes):
+        if any(name in read for name in n.output):
+            kept.append(n)
+            read.update(n.input)
+    return kept[::-1]
 
 
 def supports(graph: DataflowGraph, node: Node) -> str | None:
