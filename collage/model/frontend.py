@@ -182,11 +182,14 @@ def _import_onnx(path: Path, model, shapes) -> tvm.IRModule:
 def _from_onnx(model, shapes):
     from tvm.relax.frontend.onnx import from_onnx
 
+    from .unroll import unrolled
+
     # The importer turns the ONNX checker's complaints into warnings and prints the inputs of
     # an operator it fails on; load_onnx's error says what went wrong.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        return from_onnx(model, shape_dict=dict(shapes) if shapes else None, keep_params_in_input=False)
+        # The importer has no GRU or LSTM: their steps written out, it imports them.
+        return from_onnx(unrolled(model, shapes), shape_dict=dict(shapes) if shapes else None, keep_params_in_input=False)
 
 
 def cleaned_up(model):
