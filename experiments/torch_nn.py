@@ -51,6 +51,20 @@ class GRUTagger(nn.Module):
         return self.out(h)
 
 
+class BiLSTMSpeech(nn.Module):
+    """Frames of filter-bank features through two bidirectional nn.LSTM layers, a class per
+    frame (the shape of a small speech model; torch.export unrolls 2 x 2 x 40 steps)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(40, 48, num_layers=2, bidirectional=True)
+        self.out = nn.Linear(96, 30)
+
+    def forward(self, frames):
+        h, _ = self.rnn(frames)
+        return self.out(h).log_softmax(-1)
+
+
 class TorchEncoder(nn.Module):
     """PyTorch's own transformer encoder, batch first, pre-norm, GELU."""
 
@@ -159,6 +173,7 @@ TORCH_NN: dict[str, ModelSpec] = {
     "unet_tiny": _spec(UNetTiny, (2, 3, 64, 64), "U-Net: GroupNorm, SiLU, ConvTranspose2d, skip concat, bilinear resize; batch 2"),
     "gru_tagger": _spec(GRUTagger, (1, 32), "embedding, nn.GRU over 32 tokens, linear per token",
                         dtype=torch.int64, vocab=500),
+    "bilstm_speech": _spec(BiLSTMSpeech, (40, 2, 40), "2 bidirectional nn.LSTM layers over 40 frames, log-softmax per frame; batch 2"),
     "torch_encoder": _spec(TorchEncoder, (2, 32, 128), "nn.TransformerEncoder, 2 pre-norm layers, d_model 128; batch 2"),
     "two_tower": _spec(TwoTower, (4, 64), "two inputs (features; 8-channel sequence), two outputs; batch 4",
                        more_inputs=((4, 8, 50),)),
