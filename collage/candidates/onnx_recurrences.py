@@ -438,8 +438,26 @@ def rolled_recurrences(w) -> tuple[dict, set]:
         nodes = [n for n in w.nodes if any(id(n) in s.nodes for layer in group for s in layer.chain.steps)]
         replaced[id(nodes[0])] = emitted.nodes
         dropped.update(id(n) for n in nodes[1:])
-        replaced.update(_stacked_states(m, group, emitted))
+        stacks = _stacked_states(m, group, emitted, replaced)
+        if len(stacks) == 2:
+            replaced.update(_directions_side_by_side(m, emitted, stacks))
     return replaced, dropped
+
+
+def _directions_side_by_side(m: _Match, emitted: "_Emitted", stacks: dict[int, str]) -> dict:
+    """A Concat of the two directions' whole stacks along the features (how torch joins a
+    bidirectional layer's outputs) as Y itself, transposed and reshaped, as exporters write
+    it: {id(concat): its nodes}."""
+    for concat in m.readers[stacks[0]]:
+        axis = next((a.i for a in concat.attribute if a.name == "axis"), 0)
+        shape = m.w.shapes.get(concat.output[0])
+        if concat.op_type == "Concat" and list(concat.input) == [stacks[0], stacks[1]] and shape is not None \
+                and axis in (-1, len(shape) - 1) and len(shape) == 3:  # fmt: skip
+            joined = _Emitted(m.w)
+            turned = joined.op("Transpose", [emitted.y], perm=[0, 2, 1, 3])  # [time, batch, direction, hidden]
+            joined.op("Reshape", [turned, joined.ints(shape)], name=concat.output[0])
+            return {id(concat): joined.nodes}
+    return {}
 
 
 class _Emitted(NodeWriter):
@@ -504,10 +522,12 @@ class _Emitted(NodeWriter):
                 self.op("Reshape", [one, self.ints(w.shapes[last])], name=last)
 
 
-def _stacked_states(m: _Match, group: list[_Layer], emitted: _Emitted) -> dict:
+def _stacked_states(m: _Match, group: list[_Layer], emitted: _Emitted, replaced: dict) -> dict[int, str]:
     """Concatenations of consecutive states along a leading unit axis (how torch stacks a
-    layer's outputs), rewritten to read Y, or a slice of it, at once: {id(concat): its nodes}."""
-    replaced, positions = {}, emitted.positions
+    layer's outputs), rewritten into ``replaced`` to read Y, or a slice of it, at once; the
+    names of those that stack all of one direction's states, by direction."""
+    positions, stacks = emitted.positions, {}
+    steps = len(group[0].chain.steps)
     concats = {id(n): n for layer in group for s in layer.chain.steps for n in m.readers[s.h] if n.op_type == "Concat"}
     for concat in concats.values():
         axis, names = next((a.i for a in concat.attribute if a.name == "axis"), 0), list(concat.input)
@@ -525,12 +545,14 @@ def _stacked_states(m: _Match, group: list[_Layer], emitted: _Emitted) -> dict:
                 inputs.append(rewritten.of_y(direction, time, end - k + 1, [end - k + 1, *shape[1:]]))
                 if len(names) == end - k + 1:  # the concatenation is this run
                     rewritten.nodes[-1].output[0] = concat.output[0]
+                    if end - k + 1 == steps:
+                        stacks[direction] = concat.output[0]
             k = end + 1
         if len(inputs) < len(names):
             if len(inputs) > 1:
                 rewritten.op("Concat", inputs, name=concat.output[0], axis=axis)
             replaced[id(concat)] = rewritten.nodes
-    return replaced
+    return stacks
 
 
 def _follows(positions: dict, a: str, b: str) -> bool:
