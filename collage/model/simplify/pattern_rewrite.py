@@ -47,14 +47,14 @@ class PatternRewrite:
         rewritten = mod.clone()
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                new_func, applied = self._rewrite_function(func)
+                new_func, applied = self.rewrite_function(func)
                 if applied:
                     rewritten[gvar] = new_func
                     total += applied
         # A replacement that is a variable leaves an alias; read through, it and its binding go.
         return (relax.transform.CanonicalizeBindings()(rewritten), total) if total else (mod, 0)
 
-    def _rewrite_function(self, func: relax.Function) -> tuple[relax.Function, int]:
+    def rewrite_function(self, func: relax.Function) -> tuple[relax.Function, int]:
         """Each binding whose value matches (through the values of the variables it reads)
         bound to its replacement instead, then the bindings nothing reads any more dropped.
 
