@@ -385,6 +385,28 @@ def test_the_engines_fuse_what_the_conversion_writes_as_the_exporter_does(make, 
     assert mismatch([outputs[0].numpy()], expected) is None
 
 
+def _prelu(slope: np.ndarray, zero: float = 0.0):  # nn.PReLU as PyTorch's importer spells it out
+    return lambda x: op.where(op.greater(x, relax.const(zero)), x, op.multiply(relax.const(slope), x))
+
+
+@pytest.mark.parametrize(
+    "make, fused",
+    [
+        (_prelu(np.array([0.25], "float32")), True),
+        (_prelu(np.linspace(-1, 1, 4, dtype="float32").reshape(1, 4, 1, 1)), True),  # per channel of IMG
+        (_prelu(np.array([0.25], "float32"), zero=0.5), False),  # another threshold
+        (_prelu(np.ones((2, 4, 8, 8), "float32")), False),  # a slope that broadcasts x
+    ],
+)
+def test_a_spelled_out_prelu_is_onnxs_prelu_where_it_is_one(make, fused):
+    func = function(make, IMG)
+    model = to_onnx(func)
+    assert ({n.op_type for n in model.graph.node} == {"PRelu", "Identity"}) == fused
+    arrays = random_inputs(func)
+    expected = run_reference(func, arrays)
+    assert mismatch(run_onnx(func, arrays), expected) is None
+
+
 def test_a_sum_of_squares_read_elsewhere_is_no_l2_norm():
     def norm_and_sum(x):
         squares = op.power(x, relax.const(2.0))

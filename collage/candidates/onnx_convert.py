@@ -1029,6 +1029,29 @@ def _l2_norms(w: _Written) -> tuple[dict, set]:
     return replaced, dropped
 
 
+def _prelus(w: _Written) -> tuple[dict, set]:
+    """``where(x > 0, x, slope * x)`` with a constant slope as ONNX's PRelu, which torch's
+    exporter writes for ``nn.PReLU`` and PyTorch's importer spells out: ONNX Runtime runs the
+    three operators as three kernels, and OpenVINO does not fuse them into the convolution before
+    (the two towers' conversion ran 2.8% and 4% behind torch's file)."""
+    replaced, dropped = {}, set()
+    for n in w.nodes:
+        if n.op_type != "Where" or len(n.input) != 3:
+            continue
+        greater, x = w.made_by(n.input[0], "Greater"), n.input[1]
+        scaled = w.made_by(n.input[2], "Mul")
+        if greater is None or scaled is None or list(greater.input) != [x, greater.input[1]] or x not in scaled.input:
+            continue
+        zero, slope = w.constants.get(greater.input[1]), w.constants.get(w.other(scaled, x))
+        shape = w.shapes.get(x)
+        if zero is None or numpy_helper.to_array(zero).any() or slope is None or slope.name not in w.float32 \
+                or shape is None or np.broadcast_shapes(tuple(slope.dims), tuple(shape)) != tuple(shape):  # fmt: skip
+            continue
+        replaced[id(n)] = helper.make_node("PRelu", [x, slope.name], list(n.output))
+        dropped.update(id(p) for p in (greater, scaled))
+    return replaced, dropped
+
+
 def _biases(w: _Written) -> tuple[dict, set]:
     """A constant bias added after a convolution, or after a product of a matrix and a constant
     weight, as the convolution's or Gemm's own bias input, as exporters write them: PyTorch's
@@ -1082,7 +1105,7 @@ def _attributes(node) -> dict:
 
 # What engines fuse when they see the exporters' form, rewritten into that form. A fusion
 # returns {id(node): the node, or the nodes, replacing it} and the ids of nodes it drops.
-_FUSED_FORMS = (rolled_recurrences, _hard_activations, _l2_norms, _biases)
+_FUSED_FORMS = (rolled_recurrences, _hard_activations, _l2_norms, _prelus, _biases)
 
 
 def _engines_forms(g: _Graph, outputs: list[str]) -> list:
