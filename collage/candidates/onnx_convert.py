@@ -32,7 +32,7 @@ from tvm import relax
 
 from ..model.graph import DataflowGraph, Node
 from ..model.frontend import IR_VERSION, OPSET
-from ..model.onnx_nodes import NodeWriter
+from ..model.onnx_nodes import NodeWriter, attributes
 from .backend import Unsupported
 from .onnx_recurrences import rolled_recurrences
 from .static import check_type, dtype_of, ints, number, static_ints, static_shape
@@ -1023,7 +1023,7 @@ def _l2_norms(w: _Written) -> tuple[dict, set]:
             continue
         absolute = w.made_by(square.input[0], "Abs")  # |x| ** 2 is x ** 2: the Abs may go too
         x = absolute.input[0] if absolute is not None else square.input[0]
-        keepdims = next((a.i for a in total.attribute if a.name == "keepdims"), 1)
+        keepdims = attributes(total).get("keepdims", 1)
         replaced[id(n)] = helper.make_node("ReduceL2", [x], list(n.output), axes=axes, keepdims=keepdims)
         dropped.update(id(p) for p in (total, square, absolute) if p is not None)
     return replaced, dropped
@@ -1085,7 +1085,7 @@ def _conv_with_bias(w: _Written, name: str, bias, add):
     if shape not in ([1, channels] + [1] * spatial, [channels] + [1] * spatial, [channels]):
         return None
     name = w.bias_initializer(bias, channels)
-    return helper.make_node("Conv", [*conv.input, name], list(add.output), name=conv.name, **_attributes(conv)), conv
+    return helper.make_node("Conv", [*conv.input, name], list(add.output), name=conv.name, **attributes(conv)), conv
 
 
 def _gemm_with_bias(w: _Written, name: str, bias, add):
@@ -1097,10 +1097,6 @@ def _gemm_with_bias(w: _Written, name: str, bias, add):
         return None
     name = w.bias_initializer(bias, weight.dims[1])
     return helper.make_node("Gemm", [matmul.input[0], w.transposed(weight), name], list(add.output), transB=1), matmul
-
-
-def _attributes(node) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 # What engines fuse when they see the exporters' form, rewritten into that form. A fusion

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import numpy_helper
 
-from ..model.onnx_nodes import NodeWriter
+from ..model.onnx_nodes import NodeWriter, attributes
 
 GRU, LSTM = "GRU", "LSTM"
 _GATES = {GRU: 3, LSTM: 4}
@@ -102,7 +102,7 @@ class _Match:
         if n is None or n.op_type != "Split" or len(n.output) != parts:
             return None
         rank = len(self.w.shapes.get(n.input[0], ()))
-        axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+        axis = attributes(n).get("axis", 0)
         sizes = self.w.ints(n.input[1]) if len(n.input) > 1 else None
         if rank == 0 or axis not in (-1, rank - 1) or sizes is None or len(set(sizes)) != 1:
             return None
@@ -142,7 +142,7 @@ class _Match:
             if index is None or index.dims:
                 return None
             tensor, time = n.input[0], int(numpy_helper.to_array(index))
-            axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+            axis = attributes(n).get("axis", 0)
         else:
             return None
         shape = self.w.shapes.get(tensor)
@@ -222,8 +222,8 @@ def _gru_from_hidden(m: _Match, h, h_prev, hidden: dict, positions: dict, x_spli
         weight, h_prev, bias, own = None, None, np.concatenate([blocks[k] for k in range(3)]), nodes
     else:
         return None
-    return _own(m, Step(GRU, h_prev, h, None, None, x_split.input[0], weight, bias, gates,
-                        frozenset(id(n) for n in own)))  # fmt: skip
+    step = Step(GRU, h_prev, h, None, None, x_split.input[0], weight, bias, gates, frozenset(id(n) for n in own))
+    return _own(m, step, own)
 
 
 def _bias(m: _Match, name: str | None, width: int) -> np.ndarray | None:
@@ -279,8 +279,8 @@ def _lstm_from_sum(m: _Match, h, c_prev, c, total, order, nodes) -> Step | None:
         return None
     product = m.made(products[0], "MatMul") if products else None
     h_prev, weight = (product.input[0], m.canonical(product.input[1])) if product is not None else (None, None)
-    own = frozenset(id(n) for n in nodes + adds + ([product] if product is not None else []))
-    return _own(m, Step(LSTM, h_prev, h, c_prev, c, x[0], weight, bias, order, own))
+    own = nodes + adds + ([product] if product is not None else [])
+    return _own(m, Step(LSTM, h_prev, h, c_prev, c, x[0], weight, bias, order, frozenset(id(n) for n in own)), own)
 
 
 def _sum_terms(m: _Match, name: str) -> tuple[list[str], list]:
@@ -298,13 +298,13 @@ def _sum_terms(m: _Match, name: str) -> tuple[list[str], list]:
     return terms, adds
 
 
-def _own(m: _Match, step: Step) -> Step | None:
-    """``step`` when no one else reads what it computes inside (its states aside)."""
-    for n in m.w.nodes:
-        if id(n) in step.nodes:
-            for name in n.output:
-                if name not in (step.h, step.c) and any(id(r) not in step.nodes for r in m.readers[name]):
-                    return None
+def _own(m: _Match, step: Step, nodes: list) -> Step | None:
+    """``step`` (computed by ``nodes``) when no one else reads what it computes inside, its
+    states aside."""
+    for n in nodes:
+        for name in n.output:
+            if name not in (step.h, step.c) and any(id(r) not in step.nodes for r in m.readers[name]):
+                return None
     return step
 
 
@@ -435,29 +435,30 @@ def rolled_recurrences(w) -> tuple[dict, set]:
     for group in _nodes(layers):
         emitted = _Emitted(w)
         emitted.recurrence(group)
+        # Nodes reading the states are rewritten too, all where the first node replaced was:
+        # ``_engines_forms`` then puts them in order.
+        stacks = _stacked_states(m, group, emitted, dropped)
+        if len(stacks) == 2:
+            _directions_side_by_side(m, emitted, stacks, dropped)
         nodes = [n for n in w.nodes if any(id(n) in s.nodes for layer in group for s in layer.chain.steps)]
         replaced[id(nodes[0])] = emitted.nodes
         dropped.update(id(n) for n in nodes[1:])
-        stacks = _stacked_states(m, group, emitted, replaced)
-        if len(stacks) == 2:
-            replaced.update(_directions_side_by_side(m, emitted, stacks))
     return replaced, dropped
 
 
-def _directions_side_by_side(m: _Match, emitted: "_Emitted", stacks: dict[int, str]) -> dict:
+def _directions_side_by_side(m: _Match, emitted: "_Emitted", stacks: dict[int, str], dropped: set) -> None:
     """A Concat of the two directions' whole stacks along the features (how torch joins a
-    bidirectional layer's outputs) as Y itself, transposed and reshaped, as exporters write
-    it: {id(concat): its nodes}."""
+    bidirectional layer's outputs) written as Y itself, transposed and reshaped, as exporters
+    write it; the Concat joins ``dropped``."""
     for concat in m.readers[stacks[0]]:
-        axis = next((a.i for a in concat.attribute if a.name == "axis"), 0)
+        axis = attributes(concat).get("axis", 0)
         shape = m.w.shapes.get(concat.output[0])
         if concat.op_type == "Concat" and list(concat.input) == [stacks[0], stacks[1]] and shape is not None \
                 and axis in (-1, len(shape) - 1) and len(shape) == 3:  # fmt: skip
-            joined = _Emitted(m.w)
-            turned = joined.op("Transpose", [emitted.y], perm=[0, 2, 1, 3])  # [time, batch, direction, hidden]
-            joined.op("Reshape", [turned, joined.ints(shape)], name=concat.output[0])
-            return {id(concat): joined.nodes}
-    return {}
+            turned = emitted.op("Transpose", [emitted.y], perm=[0, 2, 1, 3])  # [time, batch, direction, hidden]
+            emitted.op("Reshape", [turned, emitted.ints(shape)], name=concat.output[0])
+            dropped.add(id(concat))
+            return
 
 
 class _Emitted(NodeWriter):
@@ -471,12 +472,12 @@ class _Emitted(NodeWriter):
     def fresh(self, hint: str) -> str:
         return self.w.fresh(hint)
 
-    def of_y(self, direction: int, time: int, count: int, shape) -> str:
-        """``count`` states of one direction from ``time`` on, as ``shape``."""
+    def of_y(self, direction: int, time: int, count: int, shape, name: str | None = None) -> str:
+        """``count`` states of one direction from ``time`` on, as ``shape`` (named ``name``)."""
         whole = count == self.w.shapes.get(self.y, [None])[0] and self.directions == 1
         part = self.y if whole else self.op(
             "Slice", [self.y, self.ints([time, direction]), self.ints([time + count, direction + 1]), self.ints([0, 1])])
-        return self.op("Reshape", [part, self.ints(shape)])
+        return self.op("Reshape", [part, self.ints(shape)], name=name)
 
     def states(self, group: list[_Layer], name: str) -> str:
         """The initial states (``name``: "h_prev" or "c_prev") as the node reads them:
@@ -498,7 +499,7 @@ class _Emitted(NodeWriter):
         x = layer.x if chain.axis == 0 else self.op("Transpose", [layer.x], perm=[1, 0, 2])
         lo, hi = min(chain.times), max(chain.times)
         if (lo, hi) != (0, w.shapes[chain.tensor][chain.axis] - 1):
-            x = self.op("Slice", [x, self.ints([lo]), self.ints([hi + 1]), self.ints([0])])
+            x = self.slice(x, lo, hi + 1, 0)
         inputs = [x] + [self.initializer(np.stack([getattr(lay, a) for lay in group]), a.upper()) for a in "wrb"]
         inputs += ["", self.states(group, "h_prev")]
         self.directions = len(group)
@@ -514,44 +515,41 @@ class _Emitted(NodeWriter):
         for d, lay in enumerate(group):
             for step, time in zip(lay.chain.steps, lay.chain.times):  # Y holds the states in time order
                 self.positions[step.h] = (d, time - lo)
-                self.of_y(d, time - lo, 1, w.shapes[step.h])
-                self.nodes[-1].output[0] = step.h
+                self.of_y(d, time - lo, 1, w.shapes[step.h], name=step.h)
             if kind == LSTM:
                 last = lay.chain.steps[-1].c
-                one = self.op("Slice", [y_c, self.ints([d]), self.ints([d + 1]), self.ints([0])])
-                self.op("Reshape", [one, self.ints(w.shapes[last])], name=last)
+                self.op("Reshape", [self.slice(y_c, d, d + 1, 0), self.ints(w.shapes[last])], name=last)
 
 
-def _stacked_states(m: _Match, group: list[_Layer], emitted: _Emitted, replaced: dict) -> dict[int, str]:
+def _stacked_states(m: _Match, group: list[_Layer], emitted: _Emitted, dropped: set) -> dict[int, str]:
     """Concatenations of consecutive states along a leading unit axis (how torch stacks a
-    layer's outputs), rewritten into ``replaced`` to read Y, or a slice of it, at once; the
-    names of those that stack all of one direction's states, by direction."""
+    layer's outputs) written to read Y, or a slice of it, at once, the Concats joining
+    ``dropped``; the names of those that stack all of one direction's states, by direction."""
     positions, stacks = emitted.positions, {}
     steps = len(group[0].chain.steps)
     concats = {id(n): n for layer in group for s in layer.chain.steps for n in m.readers[s.h] if n.op_type == "Concat"}
     for concat in concats.values():
-        axis, names = next((a.i for a in concat.attribute if a.name == "axis"), 0), list(concat.input)
-        rewritten, inputs, k = _Emitted(m.w), [], 0
-        rewritten.y, rewritten.directions = emitted.y, emitted.directions
+        axis, names = attributes(concat).get("axis", 0), list(concat.input)
+        inputs, k = [], 0
         while k < len(names):
             end = k  # the run of states names[k:end + 1], consecutive in Y
             while end + 1 < len(names) and _follows(positions, names[end], names[end + 1]):
                 end += 1
-            shape = m.w.shapes.get(names[k])
-            if end == k or axis != 0 or shape is None or len(shape) != 3 or shape[0] != 1:
+            shape, count = m.w.shapes.get(names[k]), end - k + 1
+            if count == 1 or axis != 0 or shape is None or len(shape) != 3 or shape[0] != 1:
                 inputs += names[k:end + 1]
             else:
+                whole = count == len(names)  # the concatenation is this run
                 direction, time = positions[names[k]]
-                inputs.append(rewritten.of_y(direction, time, end - k + 1, [end - k + 1, *shape[1:]]))
-                if len(names) == end - k + 1:  # the concatenation is this run
-                    rewritten.nodes[-1].output[0] = concat.output[0]
-                    if end - k + 1 == steps:
-                        stacks[direction] = concat.output[0]
+                inputs.append(emitted.of_y(direction, time, count, [count, *shape[1:]],
+                                           name=concat.output[0] if whole else None))  # fmt: skip
+                if whole and count == steps:
+                    stacks[direction] = concat.output[0]
             k = end + 1
         if len(inputs) < len(names):
             if len(inputs) > 1:
-                rewritten.op("Concat", inputs, name=concat.output[0], axis=axis)
-            replaced[id(concat)] = rewritten.nodes
+                emitted.op("Concat", inputs, name=concat.output[0], axis=axis)
+            dropped.add(id(concat))
     return stacks
 
 

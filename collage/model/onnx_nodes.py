@@ -12,6 +12,11 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 
+def attributes(node) -> dict:
+    """A node's attributes by name, as values."""
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
 class NodeWriter:
     def __init__(self, taken: Iterable[str] = (), initializers: list | None = None):
         self.nodes: list = []
@@ -43,3 +48,7 @@ class NodeWriter:
     def ints(self, values) -> str:
         """A 1-D int64 initializer: shapes, axes, slice bounds."""
         return self.initializer(np.array([int(v) for v in values], dtype="int64"), "ints")
+
+    def slice(self, x: str, start: int, end: int, axis: int) -> str:
+        """``x[start:end]`` along ``axis``."""
+        return self.op("Slice", [x, self.ints([start]), self.ints([end]), self.ints([axis])])

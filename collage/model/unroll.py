@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
-from .onnx_nodes import NodeWriter
+from .onnx_nodes import NodeWriter, attributes
 
 RECURRENT = ("GRU", "LSTM")
 _DEFAULT_ACTIVATIONS = {"GRU": [b"Sigmoid", b"Tanh"], "LSTM": [b"Sigmoid", b"Tanh", b"Tanh"]}
@@ -41,7 +41,8 @@ def unrolled(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
     shapes = {v.name: _static(v) for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]}
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     rewritten = onnx.ModelProto.FromString(model.SerializeToString())
-    writer = _Writer({n for node in model.graph.node for n in [*node.input, *node.output]} | set(constants))
+    # The nodes written out for one layer at a time, under names the model does not use.
+    writer = NodeWriter({n for node in model.graph.node for n in [*node.input, *node.output]} | set(constants))
     nodes = []
     for node in model.graph.node:
         written = _layer(writer, node, shapes, constants) if node.op_type in RECURRENT else None
@@ -59,21 +60,10 @@ def _static(value) -> tuple[int, ...] | None:
     return tuple(d.dim_value for d in dims)
 
 
-class _Writer(NodeWriter):
-    """The nodes written out for one layer at a time, under names the model does not use."""
-
-    def slice(self, x: str, start: int, end: int, axis: int) -> str:
-        return self.op("Slice", [x, self.ints([start]), self.ints([end]), self.ints([axis])])
-
-
-def _attributes(node) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _layer(writer: _Writer, node, shapes: dict, constants: dict) -> list | None:
+def _layer(writer: NodeWriter, node, shapes: dict, constants: dict) -> list | None:
     """The nodes computing recurrent ``node`` step by step, or None when it is not of the
     kind written out here."""
-    a = _attributes(node)
+    a = attributes(node)
     inputs = list(node.input) + [""] * (8 - len(node.input))
     x_shape = shapes.get(inputs[0])
     weights = [constants.get(name) for name in inputs[1:4]]
@@ -116,13 +106,13 @@ def _layer(writer: _Writer, node, shapes: dict, constants: dict) -> list | None:
     return writer.nodes
 
 
-def _initial(writer: _Writer, name: str, direction: int, batch: int, hidden: int, dtype) -> str:
+def _initial(writer: NodeWriter, name: str, direction: int, batch: int, hidden: int, dtype) -> str:
     if not name:
         return writer.initializer(np.zeros((1, batch, hidden), dtype))
     return writer.slice(name, direction, direction + 1, 0)
 
 
-def _gru_step(writer: _Writer, x_t: str, recurrent: str, h: str, hidden: int, linear_before_reset: int, r, b) -> str:
+def _gru_step(writer: NodeWriter, x_t: str, recurrent: str, h: str, hidden: int, linear_before_reset: int, r, b) -> str:
     """ONNX's gates z, r, h: h' = (h - n) * z + n, with n's recurrent term reset before
     (``linear_before_reset``) or after its product."""
     x_z, x_r, x_n = writer.op("Split", [x_t, writer.ints([hidden] * 3)], 3, axis=-1)
@@ -138,7 +128,7 @@ def _gru_step(writer: _Writer, x_t: str, recurrent: str, h: str, hidden: int, li
     return writer.op("Add", [writer.op("Mul", [writer.op("Sub", [h, n]), z]), n])
 
 
-def _lstm_step(writer: _Writer, x_t: str, recurrent: str, c: str, hidden: int) -> tuple[str, str]:
+def _lstm_step(writer: NodeWriter, x_t: str, recurrent: str, c: str, hidden: int) -> tuple[str, str]:
     """ONNX's gates i, o, f, c: c' = f * c + i * g, h' = o * tanh(c')."""
     gates = writer.op("Add", [recurrent, x_t])
     i, o, f, g = writer.op("Split", [gates, writer.ints([hidden] * 4)], 4, axis=-1)
@@ -147,7 +137,7 @@ def _lstm_step(writer: _Writer, x_t: str, recurrent: str, c: str, hidden: int) -
     return writer.op("Mul", [o, writer.op("Tanh", [c])]), c
 
 
-def _outputs(writer: _Writer, node, ys: list[str], hs: list[str], cs: list[str], layout: int) -> None:
+def _outputs(writer: NodeWriter, node, ys: list[str], hs: list[str], cs: list[str], layout: int) -> None:
     """Y [steps, directions, batch, hidden] (layout 1: [batch, steps, directions, hidden]),
     Y_h and Y_c [directions, batch, hidden] (layout 1: [batch, directions, hidden]), under
     the node's own output names."""
@@ -161,5 +151,5 @@ def _outputs(writer: _Writer, node, ys: list[str], hs: list[str], cs: list[str],
             writer.op("Transpose", [joined], name=name, perm=[1, 0, 2]) if layout else writer.op("Identity", [joined], name=name)
 
 
-def _joined(writer: _Writer, names: list[str], axis: int) -> str:
+def _joined(writer: NodeWriter, names: list[str], axis: int) -> str:
     return names[0] if len(names) == 1 else writer.op("Concat", names, axis=axis)

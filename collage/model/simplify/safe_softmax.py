@@ -42,7 +42,7 @@ _NEVER = {
 }  # fmt: skip
 
 
-class _NegativeInfinity:
+class _Infinities:
     """Whether an infinity may reach a value of one function (memoized walk back): -inf, or
     +inf, which a product may turn into -inf."""
 
@@ -93,7 +93,7 @@ _any_finite_bool = is_op("relax.astype")(_any_finite) | _any_finite
 _safe_softmax = is_op("relax.where")(is_op("relax.logical_not")(_any_finite_bool), _zeros, _softmax)
 
 
-def _softmax_alone(walk: _NegativeInfinity, matches: Matches) -> relax.Expr | None:
+def _softmax_alone(walk: _Infinities, matches: Matches) -> relax.Expr | None:
     minus_infinity, zeros = matches[_minus_infinity].value.numpy(), matches[_zeros].value.numpy()
     softmax, row_max = matches[_softmax], matches[_any_finite]
     if minus_infinity.size != 1 or not np.isneginf(minus_infinity).all() or zeros.any():
@@ -105,7 +105,7 @@ def _softmax_alone(walk: _NegativeInfinity, matches: Matches) -> relax.Expr | No
     return softmax if _rows_keep_a_finite(walk, matches[_scores], int(softmax.attrs.axis) % rank) else None
 
 
-def _rows_keep_a_finite(walk: _NegativeInfinity, scores: relax.Expr, axis: int) -> bool:
+def _rows_keep_a_finite(walk: _Infinities, scores: relax.Expr, axis: int) -> bool:
     """Whether every row of ``scores`` along ``axis`` keeps a value other than -inf: no
     -inf reaches it, or it is such a value plus a constant mask of which every row has a
     finite entry (a causal mask: the diagonal)."""
@@ -134,7 +134,7 @@ class SafeSoftmaxOfFinite:
         total, rewritten = 0, mod.clone()
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                walk = _NegativeInfinity(func)
+                walk = _Infinities(func)
                 step = PatternRewrite(self.name, _safe_softmax, lambda matches, _: _softmax_alone(walk, matches))
                 new_func, applied = step.rewrite_function(func)
                 if applied:
