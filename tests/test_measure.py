@@ -127,7 +127,7 @@ def test_compiling_ahead_takes_the_transition_probe_and_the_graphs_values_are_co
         overlapped.append(compiling.wait(timeout=2))
         return values()
 
-    def warm(tasks, sizes, processes):
+    def warm(tasks, sizes, processes, cores=None):
         compiling.set()
         compiled.extend((task.backend.name, task.reference) for task in tasks)
         return Warmed(len(tasks), processes)
@@ -142,6 +142,60 @@ def test_compiling_ahead_takes_the_transition_probe_and_the_graphs_values_are_co
     assert len(compiled) == len(ahead) + 1 and {backend for backend, _ in compiled} == {"cached"}
     assert all(reference is None for _, reference in compiled)  # compiling needs no values
     assert all(m.cost(c).is_valid for c in candidates if c.backend == "cached")
+
+
+@pytest.mark.parametrize("off_the_host", [True, False])
+def test_on_the_gpu_tvms_candidates_are_measured_while_the_pool_compiles(tmp_path, monkeypatch, off_the_host):
+    """Where the device's clock times TVM's kernels (the GPU), its batches are measured while
+    the pool compiles, which then keeps off one core, left to the measuring worker (ResNet-50's
+    took 50 s of an H100 host's measuring, after the pool's 45 s); on the CPU, where the pool
+    would share the measured kernel's cores, they wait for it."""
+    import dataclasses
+    import threading
+
+    from collage.candidates.pattern import PatternRule
+    from collage.measuring import measure
+    from collage.measuring.warm import Warmed
+    from collage.patterns.fusion import anchor_then_elementwise
+
+    any_op = PatternRule("cached.any", lambda graph, node: True, anchor_then_elementwise)
+    cached = dataclasses.replace(NUMPY, name="cached", compile_cache=True, rules=(any_op,))
+    batch_measured, seen = threading.Event(), []
+
+    class Runner(InProcess):
+        def run_batch(self, tasks):
+            batch_measured.set()
+            return super().run_batch(tasks)
+
+    def warm(tasks, sizes, processes, cores=None):
+        seen.append((batch_measured.wait(timeout=30 if off_the_host else 0), cores))
+        return Warmed(len(tasks), processes)
+
+    m = measurer(tmp_path, cached, runner=Runner())
+    monkeypatch.setattr(measure, "warm", warm)
+    monkeypatch.setattr(measure, "processes_here", lambda: 2)
+    monkeypatch.setattr(measure, "timed_off_the_host", lambda target: off_the_host)
+    monkeypatch.setattr(measure, "spare_one_core", lambda: frozenset({0}))
+    candidates = generate(DataflowGraph.from_module(Unary), m.backends)
+    m.measure_all(candidates, progress=False)
+    assert seen == [(True, frozenset({0}))] if off_the_host else seen == [(False, None)]
+    assert batch_measured.is_set() and all(m.cost(c).is_valid for c in candidates)
+
+
+def test_compiles_beside_a_measuring_worker_keep_off_its_core():
+    """``spare_one_core``: the compiles' processes run on every core but one, and only there
+    (their libraries' threads too)."""
+    from collage.measuring.warm import spare_one_core
+
+    cores = spare_one_core()
+    if cores is None:
+        pytest.skip("one core: nothing to spare")
+    assert len(cores) == len(os.sched_getaffinity(0)) - 1
+    worker = WorkerProcess(threads=1, cores=cores)
+    try:
+        assert worker.call(functools.partial(os.sched_getaffinity, 0), 60) == cores
+    finally:
+        worker.close()
 
 
 def test_every_candidate_gets_a_cost_and_failures_say_why(tmp_path):

@@ -42,14 +42,16 @@ STARTUP_S = 120.0  # a worker imports TVM and torch: about 4 s on the 2-core dev
 
 class WorkerProcess:
     """Measures in one worker process (``worker_loop``), started on first use
-    and again after it dies, on ``threads`` threads. Each task gets ``timeout_s`` seconds.
+    and again after it dies, on ``threads`` threads (and only on ``cores``, where given).
+    Each task gets ``timeout_s`` seconds.
 
     The worker's own output (TVM's C++ warnings, a library's crash report) goes to a file, not
     to the user's terminal; its last line becomes the reason when the worker dies.
     """
 
-    def __init__(self, threads: int, timeout_s: float = TIMEOUT_S):
+    def __init__(self, threads: int, timeout_s: float = TIMEOUT_S, cores: frozenset[int] | None = None):
         self.threads, self.timeout_s = threads, timeout_s
+        self.cores = cores  # the CPUs the worker may run on; None: any
         self.started = 0  # how many worker processes were started (1 unless some died)
         self._proc: subprocess.Popen | None = None
         self._job_s, self._deadline = 0.0, 0.0  # the submitted job's time and when it runs out
@@ -150,6 +152,9 @@ class WorkerProcess:
             pass_fds=(task_read, result_write), stdin=subprocess.DEVNULL, stdout=self._output,
             stderr=subprocess.STDOUT, env=env,
         )
+        if self.cores is not None:
+            # Set before the worker imports anything: the threads its libraries start inherit it.
+            os.sched_setaffinity(self._proc.pid, self.cores)
         os.close(task_read)
         os.close(result_write)
         self._to_worker = os.fdopen(task_write, "wb")

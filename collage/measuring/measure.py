@@ -39,9 +39,9 @@ from .cost import Cost, Device
 from .cost_log import CostLog, LogKey
 from .runner import MeasureResult, MeasureRunner, MeasureTask
 from .isolation import shared_worker
-from .warm import Warmed, processes_here, warm
+from .warm import Warmed, processes_here, spare_one_core, warm
 from .meters import EnergyMeter
-from .build import intermediate_values
+from .build import intermediate_values, is_cuda
 from .timing import Timing, over_ceiling
 from .transition import TransitionTask
 
@@ -239,9 +239,17 @@ class Measurer:
                 batched.setdefault(c.backend, []).append(c)
         batches = [batch for same in batched.values() for batch in self._batches(same)]
         alone = [c for c in todo if not in_batches(c)]
-        self._warm([c for c in alone if self.backends[c.backend].compile_cache], self._missing_transitions(todo))
+        ahead = [c for c in alone if self.backends[c.backend].compile_cache]
         with tqdm(total=len(todo) + len(after), desc="measuring", unit="candidate", disable=not progress or not (todo or after),
                   file=sys.stderr, dynamic_ncols=True, smoothing=0.05, mininterval=0.5) as bar:
+            # On the GPU, TVM's candidates are measured while the pool compiles: ResNet-50's
+            # took 50 s of an H100 host's measuring, after the pool's 45 s. They go without the
+            # whole-model candidates' ceiling, which spares only seconds-long calls.
+            tvms = [b for b in batches if b[0].backend == REFERENCE_BACKEND] if timed_off_the_host(self.target) else []
+            with self._warming(ahead, self._missing_transitions(todo), beside=bool(tvms)) as compiling:
+                if compiling and tvms:
+                    self._measure_many(tvms, bar)
+                    batches = [b for b in batches if b[0].backend != REFERENCE_BACKEND]
             # Whole-model candidates first: what they cost bounds the rest, as the transitions
             # do, which are measured beside them (on a fleet, at once). A candidate then slower
             # than the cheapest of them by far is timed by one call (``Timing.ceiling_ms``).
@@ -287,7 +295,8 @@ class Measurer:
                 wanted.append(c)
                 continue
             bar.update()
-        self._warm([c for c in wanted if self.backends[c.backend].compile_cache])
+        with self._warming([c for c in wanted if self.backends[c.backend].compile_cache]):
+            pass  # nothing to measure before they are compiled
         self._measure_many(wanted, bar)
 
     def _skip(self, candidate: Candidate, skip: Skip) -> None:
@@ -300,16 +309,21 @@ class Measurer:
         costs = [self._costs.get(self.key(c)) for c in candidates if _whole(c) and c.precision == FLOAT32]
         return min((cost.median_ms for cost in costs if cost is not None and cost.is_valid), default=None)
 
-    def _warm(self, candidates: list[Candidate], transitions: list[str] = ()) -> None:
-        """``candidates``, and the transition probes of those of the ``transitions``' backends
-        that cache their compiles, compiled first in parallel processes (``warm``), where they
-        are measured on this machine: the worker's compile of each is then a hit of the on-disk
-        cache they leave (inductor's transition probe took 16 s of an H100 host's worker).
-        Meanwhile this process computes the graph's values (``_graph_values``), which measuring
-        needs and compiling does not (ResNet-50's, 12 s, had held the pool back), and the
-        backends' set-up that their compiles would each wait for (``Backend.prepare``)."""
+    @contextlib.contextmanager
+    def _warming(self, candidates: list[Candidate], transitions: list[str] = (), beside: bool = False):
+        """While the ``with`` body runs, and until it has ended: ``candidates``, and the
+        transition probes of those of the ``transitions``' backends that cache their compiles,
+        compiled in parallel processes (``warm``), where they are measured on this machine: the
+        worker's compile of each is then a hit of the on-disk cache they leave (inductor's
+        transition probe took 16 s of an H100 host's worker). Yields whether they compile. With
+        ``beside`` (the body measures meanwhile), the compiles keep off one core
+        (``spare_one_core``). Meanwhile this process also computes the graph's values
+        (``_graph_values``), which measuring needs and compiling does not (ResNet-50's, 12 s,
+        had held the pool back), and the backends' set-up that their compiles would each wait
+        for (``Backend.prepare``)."""
         processes = processes_here()
         if processes < 2 or getattr(self.runner, "fleet", None) is not None:
+            yield False
             return
         tasks = []
         for c in candidates:
@@ -321,13 +335,16 @@ class Measurer:
                     tasks.append((self._compile_task(name, func, pattern, FLOAT32), 1))
         tasks = [(task, size) for task, size in tasks if task.backend.unavailable_reason(self.target) is None]
         if len(tasks) < 2:
+            yield False
             return
         preparing = {task.backend.name: task.backend.prepare for task, _ in tasks if task.backend.prepare is not None}
+        cores = spare_one_core() if beside else None
         with ThreadPoolExecutor(1 + len(preparing)) as pool:
-            warming = pool.submit(warm, [task for task, _ in tasks], [size for _, size in tasks], processes)
+            warming = pool.submit(warm, [task for task, _ in tasks], [size for _, size in tasks], processes, cores)
             for prepare in preparing.values():
                 pool.submit(prepare, self.target)  # what it finds is on disk; a failure, each compile's own
             self._graph_values()
+            yield True
             self.warmed = self.warmed.and_then(warming.result())
 
     def _compile_task(self, backend: str, func, pattern: str, precision: str) -> MeasureTask:
@@ -464,6 +481,13 @@ PRECISION_ENOUGH = "a more precise format at the same speed is within the accura
 class Skip(NamedTuple):
     rule: str  # TVM_CHEAPER, WHOLE_MODEL_FASTER or PRECISION_ENOUGH
     reason: str  # with the numbers, the skipped candidate's (invalid) cost says this
+
+
+def timed_off_the_host(target: str) -> bool:
+    """Whether TVM's kernels for ``target`` are timed by the device's own clock (on the GPU:
+    TVM's time evaluator between CUDA events), so that compiles on the host's other cores may
+    run while they are measured; on the CPU they would share the cores the kernel runs on."""
+    return is_cuda(target)
 
 
 def _whole(candidate: Candidate) -> bool:

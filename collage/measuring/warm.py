@@ -5,8 +5,11 @@ optimization on an H100's 16-core host, compiled one after another by the measur
 which measures one candidate at a time. Its compiles write AOTInductor packages that any
 process loads in milliseconds (``backends/inductor.py``). So such candidates
 (``Backend.compile_cache``) are first compiled ahead, as many at once as there are cores
-but the worker's, and the worker's compile of each then only loads what was built. Nothing is
-measured while they compile, so no measurement runs beside them.
+but the worker's, and the worker's compile of each then only loads what was built. On the CPU
+nothing is measured while they compile, as a kernel timed beside them would share its cores
+with them. On the GPU, where the device's clock times the kernels, TVM's candidates are
+measured meanwhile (``Measurer._measure_all``), and the compiles then keep off one core, left
+to the measuring worker (``spare_one_core``).
 
 Each compile runs in a worker process of its own (``isolation.WorkerProcess``, as candidates
 are measured), not in a ``multiprocessing`` pool: its processes start by running the user's
@@ -47,6 +50,16 @@ def processes_here() -> int:
     return default_threads() - 1
 
 
+def spare_one_core() -> frozenset[int] | None:
+    """The cores this process may run on but one (the highest), for compiles that run beside
+    a measuring worker, which the scheduler then finds that core free for; None where the
+    platform does not say which cores these are."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    return frozenset(cores[:-1]) if len(cores) > 1 else None
+
+
 @dataclass(frozen=True)
 class Warmed:
     """What compiling ahead did: candidates compiled, how many at once, in how many seconds,
@@ -70,21 +83,23 @@ class Warmed:
                        warnings=tuple(dict.fromkeys(self.warnings + later.warnings)))
 
 
-def warm(tasks: list[MeasureTask], sizes: list[int], processes: int) -> Warmed:
+def warm(tasks: list[MeasureTask], sizes: list[int], processes: int, cores: frozenset[int] | None = None) -> Warmed:
     """Each task's kernel compiled in a worker process of its own, then dropped, ``processes``
     at once, the largest sub-graphs first (the longest compiles, which would end last if
-    started last), each with its share of compile threads (``compile_threads``); ``sizes``
-    are the tasks' sub-graphs' operators. Never raises: a candidate that fails or overruns
-    here is compiled again where it is measured, which says why."""
-    processes = min(processes, len(tasks))
+    started last), each with its share of compile threads (``compile_threads``) and only on
+    ``cores`` where given (else on any); ``sizes`` are the tasks' sub-graphs' operators. Never
+    raises: a candidate that fails or overruns here is compiled again where it is measured,
+    which says why."""
+    processes = min(processes, len(tasks), len(cores) if cores is not None else processes)
     if processes < 2:
         return Warmed()
     started = time.perf_counter()
     order = sorted(range(len(tasks)), key=lambda k: -sizes[k])
     tasks, sizes = [tasks[k] for k in order], [sizes[k] for k in order]
-    threads = compile_threads(sizes, processes, default_threads())
+    threads = compile_threads(sizes, processes, len(cores) if cores is not None else default_threads())
+    compile_apart = functools.partial(_compiled_apart, cores=cores)
     with ThreadPoolExecutor(processes) as pool:  # each thread waits on its worker process
-        done = list(pool.map(_compiled_apart, tasks, threads))
+        done = list(pool.map(compile_apart, tasks, threads))
     slowest = max(range(len(tasks)), key=lambda k: done[k].seconds)
     said = tuple(dict.fromkeys(w for d in done for w in d.warnings))
     return Warmed(sum(d.compiled for d in done), processes, time.perf_counter() - started, done[slowest].seconds,
@@ -107,11 +122,11 @@ class _Compile(NamedTuple):
     warnings: tuple[str, ...] = ()  # the backend's, in the worker
 
 
-def _compiled_apart(task: MeasureTask, threads: int) -> _Compile:
-    """The task's kernel compiled in a worker process of its own (one that dies or overruns:
-    not compiled)."""
+def _compiled_apart(task: MeasureTask, threads: int, cores: frozenset[int] | None = None) -> _Compile:
+    """The task's kernel compiled in a worker process of its own, on ``cores`` (one that dies
+    or overruns: not compiled)."""
     started = time.perf_counter()
-    worker = WorkerProcess(task.threads, timeout_s=COMPILE_TIMEOUT_S)
+    worker = WorkerProcess(task.threads, timeout_s=COMPILE_TIMEOUT_S, cores=cores)
     compiled, used, said = False, threads, ()
     try:
         compiled, used, said = worker.call(functools.partial(_compiles, task, threads), COMPILE_TIMEOUT_S)
