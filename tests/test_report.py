@@ -1,6 +1,7 @@
 """The report reads the run record's typed fields: finalists by name and kind, what was
 capped, skipped and left out, with nothing parsed back from text."""
 
+import dataclasses
 import math
 
 from collage.measuring.cost import Cost
@@ -49,3 +50,5 @@ def test_the_compile_pool_says_what_its_slowest_compile_took_and_had():
                        compiled_ahead=Warmed(9, 9, 112.3, 102.4, 355, 6))  # fmt: skip
     assert ("compiling 9 candidate(s) ahead 112.3 s (9 processes, the slowest 102.4 s, 355 ops, 6 compile thread(s))"
             in report(record))
+    beside = dataclasses.replace(record, compiled_ahead=dataclasses.replace(record.compiled_ahead, measured_meanwhile=True))
+    assert "6 compile thread(s); TVM's candidates measured meanwhile)" in report(beside)

@@ -76,7 +76,8 @@ def measuring_text(r) -> str | None:
     if warmed.compiled:
         parts.append(f"compiling {warmed.compiled} candidate(s) ahead {warmed.seconds:.1f} s ({warmed.processes} processes, "
                      f"the slowest {warmed.slowest_s:.1f} s, {warmed.slowest_ops} ops, "
-                     f"{warmed.slowest_threads} compile thread(s))")
+                     f"{warmed.slowest_threads} compile thread(s)"
+                     + ("; TVM's candidates measured meanwhile)" if warmed.measured_meanwhile else ")"))
     parts += [f"compiling ahead, {said}" for said in warmed.warnings]
     return f"measuring's {r.seconds.measure:.1f} s: {', '.join(parts)}" if parts else None
 

@@ -345,7 +345,7 @@ class Measurer:
                 pool.submit(prepare, self.target)  # what it finds is on disk; a failure, each compile's own
             self._graph_values()
             yield True
-            self.warmed = self.warmed.and_then(warming.result())
+            self.warmed = self.warmed.and_then(dataclasses.replace(warming.result(), measured_meanwhile=beside))
 
     def _compile_task(self, backend: str, func, pattern: str, precision: str) -> MeasureTask:
         """What compiling ahead needs of a task: no inputs, no reference."""

@@ -63,8 +63,9 @@ def spare_one_core() -> frozenset[int] | None:
 @dataclass(frozen=True)
 class Warmed:
     """What compiling ahead did: candidates compiled, how many at once, in how many seconds,
-    the slowest compile (seconds, its sub-graph's operators, its compile threads), and what
-    the backends warned of meanwhile, once each (in their processes, which nobody reads)."""
+    the slowest compile (seconds, its sub-graph's operators, its compile threads), what the
+    backends warned of meanwhile, once each (in their processes, which nobody reads), and
+    whether candidates were measured meanwhile (so its seconds are not measuring's on top)."""
 
     compiled: int = 0
     processes: int = 0
@@ -73,6 +74,7 @@ class Warmed:
     slowest_ops: int = 0
     slowest_threads: int = 0
     warnings: tuple[str, ...] = ()
+    measured_meanwhile: bool = False
 
     def and_then(self, later: Warmed) -> Warmed:
         """This and a ``later`` round of compiling ahead as one: what both compiled, in both
@@ -80,7 +82,8 @@ class Warmed:
         slowest = max(self, later, key=lambda w: w.slowest_s)
         return replace(slowest, compiled=self.compiled + later.compiled,
                        processes=max(self.processes, later.processes), seconds=self.seconds + later.seconds,
-                       warnings=tuple(dict.fromkeys(self.warnings + later.warnings)))
+                       warnings=tuple(dict.fromkeys(self.warnings + later.warnings)),
+                       measured_meanwhile=self.measured_meanwhile or later.measured_meanwhile)
 
 
 def warm(tasks: list[MeasureTask], sizes: list[int], processes: int, cores: frozenset[int] | None = None) -> Warmed:
