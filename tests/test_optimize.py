@@ -260,9 +260,14 @@ def test_zoo_model_on_every_cpu_backend(tmp_path, name):
     placed = sorted(i for p in opt.placement for i in p.nodes)
     assert placed == list(range(len(placed)))  # every operator exactly once
     assert all(p.cost_ms > 0 for p in opt.placement)
-    # The op-level answer and each engine alone were timed end to end; the kept one is the
+    # The op-level answer and each engine alone were timed end to end, an engine alone under
+    # its own name or, where the op-level placement is that very placement, as it (on a Zen 4
+    # without AVX-512 the MLP's op-level placement is ONNX Runtime alone); the kept one is the
     # fastest or within noise of it (the simplest of those).
-    assert {"op-level", "onnxruntime alone", "openvino alone"} <= {str(name) for name in opt.record.finalists}
+    timed = {str(name) for name in opt.record.finalists}
+    for alone in ("onnxruntime alone", "openvino alone"):
+        assert alone in timed or "is the 'op-level' placement" in opt.record.left_out.get(alone, ""), alone
+    assert "op-level" in timed
     assert_kept_is_fastest_within_noise(opt)
     assert "cudnn" in opt.excluded and "tvm" not in opt.excluded
 
