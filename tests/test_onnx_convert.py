@@ -13,6 +13,7 @@ from collage.measuring.arrays import mismatch, random_inputs, to_tensors
 from collage.measuring.build import run_reference
 from collage.candidates.backend import Unsupported
 from collage.model.graph import DataflowGraph
+from collage.model.onnx_nodes import attributes
 from collage.candidates.onnx_convert import CONVERTERS, IR_VERSION, OPSET, supports, to_onnx
 from experiments import models
 from experiments.conversion_parity import onnxruntime_ops
@@ -405,6 +406,31 @@ def test_a_spelled_out_prelu_is_onnxs_prelu_where_it_is_one(make, fused):
     arrays = random_inputs(func)
     expected = run_reference(func, arrays)
     assert mismatch(run_onnx(func, arrays), expected) is None
+
+
+def _pixel_shuffle(six, perm, n=1, c=2, r=2, h=4, w=4):  # nn.PixelShuffle (CRD) as PyTorch's importer spells it out
+    return lambda x: op.reshape(op.permute_dims(op.reshape(x, six(n, c, r, h, w)), perm), (n, c, h * r, w * r))
+
+
+@pytest.mark.parametrize(
+    "six, perm, mode",
+    [
+        (lambda n, c, r, h, w: (n, c, r, r, h, w), [0, 1, 4, 2, 5, 3], "CRD"),  # torch's PixelShuffle
+        (lambda n, c, r, h, w: (n, r, r, c, h, w), [0, 3, 4, 1, 5, 2], "DCR"),  # TensorFlow's depth_to_space
+        (lambda n, c, r, h, w: (n, c, r, r, h, w), [0, 1, 4, 3, 5, 2], None),  # each block transposed: neither
+    ],
+)
+def test_a_spelled_out_pixel_shuffle_is_onnxs_depth_to_space(six, perm, mode):
+    func = function(_pixel_shuffle(six, perm), t(1, 8, 4, 4))
+    model = to_onnx(func)
+    ops = {n.op_type for n in model.graph.node}
+    if mode is None:
+        assert "DepthToSpace" not in ops
+    else:
+        (node,) = [n for n in model.graph.node if n.op_type == "DepthToSpace"]
+        assert ops <= {"DepthToSpace", "Identity"} and attributes(node) == {"blocksize": 2, "mode": mode.encode()}
+    arrays = random_inputs(func)
+    assert mismatch(run_onnx(func, arrays), run_reference(func, arrays)) is None
 
 
 def test_a_sum_of_squares_read_elsewhere_is_no_l2_norm():
