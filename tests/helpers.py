@@ -97,6 +97,14 @@ def assert_close(out, ref, what):
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def timed_end_to_end(opt, name: str) -> bool:
+    """Whether finalist ``name`` of ``opt`` was built, checked and timed: under its own name, or,
+    an engine alone that is the op-level placement, once as it, and said so."""
+    timed = {str(n): f for n, f in opt.record.finalists.items()}
+    same = f"{name} is the 'op-level' placement (one partition, the whole model), timed once as it"
+    return (name in timed and timed[name].measured.median_ms > 0) or opt.record.left_out.get(name) == same
+
+
 def subprocess_env(**extra) -> dict:
     """The environment of a command-line test's subprocess: this checkout on its path, and the
     suite's quick settings applied at its start (``tests/subprocesses/sitecustomize.py``)."""
