@@ -93,13 +93,14 @@ def warm(tasks: list[MeasureTask], sizes: list[int], processes: int, cores: froz
     ``cores`` where given (else on any); ``sizes`` are the tasks' sub-graphs' operators. Never
     raises: a candidate that fails or overruns here is compiled again where it is measured,
     which says why."""
-    processes = min(processes, len(tasks), len(cores) if cores is not None else processes)
+    usable = len(cores) if cores is not None else default_threads()
+    processes = min(processes, len(tasks), usable)
     if processes < 2:
         return Warmed()
     started = time.perf_counter()
     order = sorted(range(len(tasks)), key=lambda k: -sizes[k])
     tasks, sizes = [tasks[k] for k in order], [sizes[k] for k in order]
-    threads = compile_threads(sizes, processes, len(cores) if cores is not None else default_threads())
+    threads = compile_threads(sizes, processes, usable)
     compile_apart = functools.partial(_compiled_apart, cores=cores)
     with ThreadPoolExecutor(processes) as pool:  # each thread waits on its worker process
         done = list(pool.map(compile_apart, tasks, threads))
