@@ -32,6 +32,7 @@ budget, also TF32 (tensor cores, 10-bit mantissa products), bfloat16 and float16
 """
 
 import contextlib
+import copy
 import functools
 import hashlib
 import os
@@ -285,7 +286,9 @@ def compile_program(program, main, target: str, threads: int, precision: str = F
     import torch
 
     device = _device(target)
-    module = program.module().to(device)
+    module = program.module()
+    if device != "cpu":  # Module.to moves parameters in place, and these are the user's module's own
+        module = copy.deepcopy(module).to(device)
     return _kernel(torch.compile(module, fullgraph=True, dynamic=False), main, device, precision)
 
 

@@ -250,6 +250,7 @@ def test_a_torch_module_on_the_gpu_has_its_own_program_compiled_whole_among_the_
     opt = collage.optimize(model, example_inputs=x, target="cuda", backends=["tvm", "inductor"],
                            cost_log=tmp_path / "costs.sqlite", progress=False)  # fmt: skip
     assert "inductor on the PyTorch module" in {str(name) for name in opt.record.finalists}, opt.report()
+    assert {p.device.type for p in model.parameters()} == {"cpu"}, "optimize moved the user's module to the GPU"
     (actual,) = opt(x.numpy())
     with torch.no_grad():
         assert mismatch([actual], [model(x).numpy()]) is None
