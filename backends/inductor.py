@@ -67,22 +67,27 @@ def probe(target: str) -> str | None:
 
 def _settings(precision: str, device: str):
     """The math the kernel's convolutions and matmuls run in, set around each call: PyTorch
-    reads these switches when a kernel runs, not when it is compiled."""
+    reads these switches when a kernel runs, not when it is compiled. On the GPU its
+    convolutions take the algorithm cuDNN's benchmark finds fastest (as ``backends.cudnn``'s
+    do, and for the same reason): found at the compile's first call, outside any capture,
+    and kept by PyTorch for the calls a CUDA graph records on the same thread."""
     import torch
 
-    stack = _tf32_settings(precision)
+    find = device == "cuda" and not torch.cuda.is_current_stream_capturing()
+    stack = _tf32_settings(precision, find)
     if precision in AUTOCAST:
         stack.enter_context(torch.autocast(device, dtype=getattr(torch, precision)))
     return stack
 
 
-def _tf32_settings(precision: str):
-    """TF32 on in cuDNN and cuBLAS for ``TF32``, off otherwise, and no autograd."""
+def _tf32_settings(precision: str, find: bool = False):
+    """TF32 on in cuDNN and cuBLAS for ``TF32``, off otherwise, no autograd, and with
+    ``find`` cuDNN's benchmark on (never inside a capture, where nothing may be timed)."""
     import torch
 
     stack = contextlib.ExitStack()
     tf32 = precision == TF32
-    stack.enter_context(torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=tf32))
+    stack.enter_context(torch.backends.cudnn.flags(enabled=True, benchmark=find, deterministic=False, allow_tf32=tf32))
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     stack.callback(setattr, torch.backends.cuda.matmul, "allow_tf32", previous)
@@ -362,7 +367,8 @@ BACKEND = Backend(
     rules=(PatternRule("inductor.fused", convertible, never_fuse, max_size=0),),
     requires=("torch", "triton"),
     probe=probe,
-    library=f"inductor in PyTorch {installed_version('torch')} (torch.compile)",
+    # The algorithms of cuDNN's benchmark since stop 58: costs logged before, of its heuristic's, are not reused.
+    library=f"inductor in PyTorch {installed_version('torch')} (torch.compile, cuDNN's benchmark)",
     precisions=lambda target: (TF32, *AUTOCAST),
     graph_safe=True,
     compile_cache=True,

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # What a lent GPU has left to measure for issue 39, in one device call, most needed first:
-#   1. ResNet-50's whole row from an empty cost log, its optimization time included (the goal:
-#      2 minutes; 145.6 s on an H100 in stop 53, before TVM's candidates were measured while the
-#      compile pool compiles), then its accuracy entry (--accuracy 1e-2) on that log;
-#   2. the torch-entry test (a PyTorch module optimized for CUDA, torch.compile of it a
-#      finalist), which failed in stop 53's lend on the shape of opt(x)'s result (823526e);
-#   3. the accuracy entries of the other models whose float32 rows from this GPU are in
+#   1. the GPU tests of what stop 58 changed unmeasured: the torch-entry test (a PyTorch module
+#      optimized for CUDA, torch.compile of it a finalist; in stop 58's lend optimize moved the
+#      user's module to the GPU, ae1bb42), a cuDNN kernel captured without running cuDNN's
+#      benchmark, and the cuDNN kernels against TVM;
+#   2. ResNet-50's op-level placement profiled kernel by kernel (experiments/gpu_op_level.py):
+#      in stop 58 its cuDNN convolutions ran on the heuristic's algorithm (an FFMA kernel of 32
+#      thread blocks, 163 us, for each stage-4 3x3 convolution) and 17-50% slower in the model
+#      than measured alone; the convolutions now take the algorithm cuDNN's benchmark finds;
+#   3. ResNet-50's whole row from an empty cost log, its optimization time included (the goal:
+#      2 minutes; 100.9 s on an H200 in stop 58), then its accuracy entry (--accuracy 1e-2);
+#   4. the accuracy entries of the other models whose float32 rows from this GPU are in
 #      experiments/results/gpu.json, each from an empty cost log; on a GPU of another kind (an
 #      H200) each model's whole row is measured;
-#   4. where a batch of TVM candidates spends its 12-14 s on the GPU machine
+#   5. where a batch of TVM candidates spends its 12-14 s on the GPU machine
 #      (experiments/gpu_tvm_batch.py, NVRTC and nvcc; 1.7 s of compile on a CPU machine).
 # Each step is cut off so that the next has its chance; a step with under a minute left is skipped.
 # The Python stacks of the optimizations and of their worker processes (experiments/stacks.py)
@@ -38,9 +43,11 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/steps.txt"
+step gpu_tests python3 -m pytest -q -p no:logging tests/test_backend_gpu_libs.py tests/test_backend_inductor.py \
+    -k "torch_module_on_the_gpu or captured_without or cudnn_kernels_match"
+step op_level python3 -m experiments.gpu_op_level --model resnet50 --out "$OUT"
 step resnet50 python3 -m experiments.gpu --model resnet50 --accuracy 1e-2 --no-torch-entry \
     --stacks /tmp/stacks --out /tmp/gpu.json --cost-log /tmp/gpu-costs-resnet50.sqlite
-step torch_entry python3 -m pytest -q -p no:logging tests/test_backend_inductor.py -k torch_module_on_the_gpu
 for model in bert vit gpt2 convnext mobilenet_v2; do
     # A fresh cost log each: the optimization measures what a new user's would.
     step "${model}_accuracy" python3 -m experiments.gpu --model "$model" --accuracy 1e-2 --accuracy-only --no-torch-entry \

@@ -136,6 +136,44 @@ def test_cublas_kernels_match_tvm(weights):
     assert failures(cublas.BACKEND, generate(graph, [cublas.BACKEND]), "cuda") == {}
 
 
+def test_a_cudnn_kernel_is_captured_without_running_its_benchmark():
+    """cuDNN's benchmark (which times algorithms) runs when the kernel is compiled; a CUDA
+    graph's capture never runs it, even on a thread where no plan was found, and the replay
+    computes what a plain call does."""
+    require_gpu(cudnn.BACKEND)
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    import torch
+    import tvm
+    import tvm_ffi
+
+    from collage.measuring.arrays import empty_outputs, random_inputs, to_tensors
+    from collage.measuring.build import compile_kernel
+
+    graph = DataflowGraph.from_module(with_weights_bound(ResidualBlock, ("w", "b")))
+    candidate = next(c for c in generate(graph, [cudnn.BACKEND]) if c.pattern == "cudnn.conv2d_bias_relu")
+    func = candidate.subgraph.extract()
+    kernel, reason = compile_kernel(cudnn.BACKEND, func, candidate.pattern, "cuda", 0)
+    assert reason is None
+    inputs, (out,) = to_tensors(random_inputs(func), tvm.cuda()), empty_outputs(func, tvm.cuda())
+    kernel(*inputs, out)
+    expected = out.numpy()
+
+    def captured():  # on a thread of its own, where PyTorch keeps no plan for this shape
+        recorded = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(recorded, capture_error_mode="thread_local"), tvm_ffi.use_torch_stream():
+            kernel(*inputs, out)
+        return recorded
+
+    with ThreadPoolExecutor(1) as pool:
+        recorded = pool.submit(captured).result()
+    out.copyfrom(np.zeros_like(expected))
+    recorded.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("backend, model", [(cudnn.BACKEND, "resnet50"), (cublas.BACKEND, "bert")], ids=["cudnn", "cublas"])
 def test_zoo_candidates_match_tvm(backend, model):
     require_gpu(backend)
