@@ -80,12 +80,12 @@ def by_name(kernels: list[dict], calls: int, top: int = 40) -> list[dict]:
 
 
 def estimate(partitions) -> dict:
-    """The DP's estimate of ``partitions``: in all, and by backend (ms)."""
-    by_backend = collections.defaultdict(float)
-    for p in partitions:
-        by_backend[p.backend] += p.cost_ms
-    return {"partitions": len(partitions), "estimated_ms": round(sum(by_backend.values()), 4),
-            "estimated_ms_by_backend": {b: round(ms, 4) for b, ms in by_backend.items()}}  # fmt: skip
+    """The DP's estimate of ``partitions``: in all (NaN with a fallback never measured, as the
+    placement's), and by backend as the report splits it (ms)."""
+    from collage.deploying.report import backend_totals
+
+    return {"partitions": len(partitions), "estimated_ms": round(sum(p.cost_ms for p in partitions), 4),
+            "estimated_ms_by_backend": {b: round(t.ms, 4) for b, t in backend_totals(partitions).items()}}  # fmt: skip
 
 
 def profiled(call, cuda: bool, trace_to: Path) -> dict:
