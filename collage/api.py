@@ -352,22 +352,24 @@ def _seconds_into(seconds: dict[str, float], name: str):
 
 def _confirmed(chosen: FinalistName, note: str | None, finalists: dict, race, steps: dict, model: Model, config: Config,
                record: RunRecord) -> tuple[FinalistName, str | None]:  # fmt: skip
-    """``chosen`` raced again against a close runner-up, each in a fresh process
-    (``choosing.confirm``); the runner-up when it was faster there."""
-    second = confirm.runner_up(race, finalists, chosen)
-    if second is None:
+    """``chosen`` raced again against the close runners-up, each in a fresh process
+    (``choosing.confirm``); the fastest of them when it was faster there."""
+    others = confirm.runners_up(race, finalists, chosen)
+    if not others:
         return chosen, note
-    needless = confirm.needless(finalists, (chosen, second), config.target, model.backends)
+    needless = confirm.needless(finalists, (chosen, *others), config.target, model.backends)
     if needless is not None:
         record.confirmation = f"not raced again in fresh processes: {needless}"
         return chosen, note
-    file = model.onnx_model if any(n.kind is FinalistKind.ENGINE_ON_FILE for n in (chosen, second)) else None
+    file = model.onnx_model if any(n.kind is FinalistKind.ENGINE_ON_FILE for n in (chosen, *others)) else None
     request = functools.partial(confirm.request_for, finalists=finalists, module=model.prepared, steps=steps,
                                 onnx_model=file, reference=model.reference, target=config.target,
                                 accuracy=config.accuracy)  # fmt: skip
-    confirmation = confirm.confirm(finalists, chosen, second, request, config.threads, config.seed)
+    confirmation = confirm.confirm(finalists, chosen, others, request, config.threads, config.seed)
     record.confirmation = confirmation.line()
-    return (second, None) if confirmation.switched else (chosen, note)
+    if not confirmation.switched:
+        return chosen, note
+    return next(name for name in others if str(name) == confirmation.kept), None
 
 
 def load_placement(
