@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+import tvm
 
 import collage
 from collage.deploying.saved import PlacementFileError, SavedPlacement, read_placement
@@ -143,3 +144,50 @@ def test_a_model_with_nothing_to_place_runs_as_tvm_runs_it_and_its_placement_reb
     np.testing.assert_allclose(opt(*args), np.arange(1.0, 4.0, 0.5, dtype="float32"))
     again = collage.load_placement(mod, opt.save_placement(tmp_path / "placement.json"), cost_log=log)
     np.testing.assert_allclose(again(*args), opt(*args))
+
+
+def test_an_engine_kernel_runs_alone_when_rebuilt_as_when_optimized(tmp_path):
+    """An engine on all but a trivial TVM op keeps its users' settings (threads spinning:
+    ``assemble.runs_alone``, decided from the partitions' costs). Rebuilt in a fresh process
+    (``elsewhere.built_here``) or loaded with a log that lacks the costs, the placement is
+    assembled from the costs it records, so the kernel is compiled as it was raced."""
+    from collage.assembling.checked import assemble_and_check
+    from collage.candidates.backend import default_backends
+    from collage.candidates.generate import Candidate
+    from collage.candidates.subgraph import SubGraph
+    from collage.choosing import elsewhere
+    from collage.measuring.arrays import Reference
+    from collage.measuring.build import build_vm
+    from collage.measuring.cost import Cost
+    from collage.measuring.wire import unpack
+    from collage.model.graph import DataflowGraph
+    from collage.placing.placement import Partition, Placement
+    from collage.placing.recorded import RecordedPartition
+
+    mod = collage.load_onnx(write_tiny_model(tmp_path / "tiny.onnx"))
+    graph = DataflowGraph.from_module(mod)
+    last = len(graph) - 1
+    engine = Candidate(SubGraph(graph, frozenset(range(last))), "onnxruntime", "onnxruntime.region")
+    trivial = Candidate(SubGraph(graph, frozenset({last})), "tvm", "tvm.fused")
+    placement = Placement(graph, (Partition(engine, Cost.of(1.0)), Partition(trivial, Cost.of(0.01))))
+    x = np.random.default_rng(0).standard_normal(INPUT_SHAPE).astype("float32")
+    reference = Reference([x], [build_vm(mod)["main"](tvm.runtime.tensor(x)).numpy()])
+    here = assemble_and_check(graph, placement, reference, default_backends(), "llvm", 2)
+
+    def alone(finalist) -> list[bool]:
+        return [source.alone for source in finalist.assembly.sources.values()]
+
+    assert alone(here) == [True]
+    header, arrays = unpack(elsewhere.request({"op-level": here}, mod, {}, None, reference, "llvm", None, metered=False))
+    there = elsewhere.built_here(header, arrays, default_backends(), 2)
+    assert alone(there.built["op-level"]) == [True]
+
+    # The same placement saved, loaded with a new log: the costs are the file's.
+    opt = collage.optimize(mod, backends=BACKENDS, threads=2, progress=False, timing=FAST_CANDIDATES,
+                           cost_log=collage.CostLog(tmp_path / "first.sqlite"))  # fmt: skip
+    saved = json.loads(opt.save_placement(tmp_path / "placement.json").read_text())
+    saved["partitions"] = [RecordedPartition.of(p).to_json() for p in placement]
+    (tmp_path / "placement.json").write_text(json.dumps(saved))
+    loaded = collage.load_placement(mod, tmp_path / "placement.json", cost_log=collage.CostLog(tmp_path / "new.sqlite"))
+    assert [p.cost_ms for p in loaded.placement] == [1.0, 0.01]
+    assert [s.alone for s in loaded.assembly.sources.values()] == [True]

@@ -194,7 +194,7 @@ def built_here(header: dict, arrays: dict, backends: BackendSet, threads: int) -
                 continue
             graph = dataflow_graph(replay_substitutions(module, placement, label))
             check_model(graph, placement, label)
-            partitions = [Partition(entry.candidate(graph), Cost.unknown()) for entry in placement.partitions]
+            partitions = [entry.partition(graph) for entry in placement.partitions]
             if placement.runs_file:
                 if onnx_model is None:
                     raise OptimizeError("it runs the model's ONNX file, which was not sent")

@@ -156,13 +156,14 @@ class LoggedCosts:
 
 
 def _partition(graph: DataflowGraph, entry: RecordedPartition, costs: LoggedCosts) -> Partition:
-    """One saved partition on ``graph``, its costs from the log (unknown when either the
-    kernel's or the transition's is missing)."""
+    """One saved partition on ``graph``, its costs from the log, or as the file records them
+    where the log lacks the kernel's or the transition's (another machine's process, a new
+    log): assembled from them as it was when optimized (``RecordedPartition.partition``)."""
     candidate = entry.candidate(graph)
     cost, transition = costs.cost(candidate), costs.transition_ms(candidate.backend)
-    if math.isnan(transition):
-        return Partition(candidate, Cost.unknown())
-    return Partition(candidate, cost, 0.0 if cost.is_unknown else transition)
+    if math.isnan(transition) or cost.is_unknown:
+        return entry.partition(graph)
+    return Partition(candidate, cost, transition)
 
 
 def check_backends(placement: RecordedPlacement, backend_set: BackendSet, excluded: dict[str, str], path) -> None:

@@ -28,6 +28,7 @@ from ..candidates.generate import FILE_SUFFIX, PROGRAM_SUFFIX, Candidate
 from ..candidates.precision import FLOAT32
 from ..candidates.subgraph import SubGraph
 from ..errors import PlacementFileError
+from ..measuring.cost import Cost
 from ..model.graph import DataflowGraph, called_functions
 from .placement import Partition
 from .substitute import DEFAULT_RULES as SUBSTITUTIONS
@@ -55,6 +56,15 @@ class RecordedPartition:
     def candidate(self, graph: DataflowGraph) -> Candidate:
         """The candidate it names on ``graph``."""
         return Candidate(SubGraph(graph, frozenset(self.nodes)), self.backend, self.pattern, self.precision)
+
+    def partition(self, graph: DataflowGraph) -> Partition:
+        """The partition it names on ``graph``, at its recorded cost (kernel and transition
+        together; unknown where never measured). Assembly decides from the costs whether an
+        engine's kernel runs alone and keeps its threads spinning (``assemble.runs_alone``):
+        rebuilt with unknown costs, BLOOM's op-level placement (ONNX Runtime, 98% of it,
+        beside trivial TVM ops) ran 3-7 ms in a fresh process against 2.3 where it was raced."""
+        cost = Cost.unknown() if self.cost_ms is None else Cost.of(self.cost_ms)
+        return Partition(self.candidate(graph), cost)
 
     @property
     def identity(self) -> tuple:
