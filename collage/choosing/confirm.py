@@ -119,7 +119,6 @@ def confirm(finalists: dict, kept, others: list, request: Callable[[object], byt
     if sent[kept] is not None or not others:
         result.skipped = next(why for why in sent.values() if why is not None)
         return result
-    result.runner_up = str(others[0])
     workers = {name: WorkerProcess(threads) for name in (kept, *others)}
     for worker in workers.values():
         worker.start()  # all import their libraries at once
