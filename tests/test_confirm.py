@@ -116,14 +116,37 @@ def test_the_fresh_race_keeps_whichever_costs_a_user_less_when_it_stays_undecide
 
     steady, noisy = [2.48, 2.47, 2.50, 2.46, 2.49, 2.48], [2.20, 2.62, 2.25, 2.30, 2.52, 2.28]
     undecided = Race([{"kept": a, "second": b} for a, b in zip(steady, noisy)])
-    assert confirm.decide(undecided, "kept", "second") == (Verdict.UNDECIDED, True)
-    assert confirm.decide(undecided, "second", "kept") == (Verdict.UNDECIDED, False)
+    alike = {"kept": (1, 1, 0), "second": (1, 1, 0)}
+    slow_blocks = "its slow blocks cost less"
+    assert confirm.decide(undecided, "kept", "second", alike) == (Verdict.UNDECIDED, True, slow_blocks)
+    assert confirm.decide(undecided, "second", "kept", alike) == (Verdict.UNDECIDED, False, slow_blocks)
     slower = Race([{"kept": 1.2 + k / 100, "second": 1.0} for k in range(6)])
-    assert confirm.decide(slower, "kept", "second") == (Verdict.SLOWER, True)
+    assert confirm.decide(slower, "kept", "second", alike) == (Verdict.SLOWER, True, None)
     tied = Race([{"kept": 1.0, "second": 1.0 + k / 1000} for k in range(6)])
-    assert confirm.decide(tied, "kept", "second") == (Verdict.EQUIVALENT, False)
-    line = confirm.Confirmation("second", "kept", verdict="undecided", switched=True).line()
+    assert confirm.decide(tied, "kept", "second", alike) == (Verdict.EQUIVALENT, False, None)
+    line = confirm.Confirmation("second", "kept", verdict="undecided", switched=True, tie_broken_by=slow_blocks).line()
     assert line.endswith("kept 'second' instead of 'kept' (undecided; its slow blocks cost less)")
+
+
+def test_an_undecided_fresh_race_keeps_the_simpler_finalist_first():
+    """mT5's encoder on a Zen 4: ONNX Runtime alone kept, the op-level placement (two engines)
+    undecided against it in fresh processes with a lower upper quartile by chance. As in the
+    finalists' race, of two finalists nobody can tell apart the simpler is kept, whichever
+    was kept before; a slower one gives way whatever its simplicity."""
+    from collage.choosing.finalists import Verdict
+
+    # the host's speed drifting between rounds: the engine's slow blocks slower, its fast ones faster
+    engine, two_engines = [2.20, 1.60, 2.22, 1.62, 2.18, 1.61], [1.90, 1.65, 1.88, 1.67, 1.92, 1.66]
+    simplicity = {"engine": (1, 1, 0), "two engines": (3, 2, 0)}
+    race = Race([{"engine": a, "two engines": b} for a, b in zip(engine, two_engines)])
+    assert race.verdict("engine", "two engines") is Verdict.UNDECIDED
+    assert race.paid_ms("two engines") < race.paid_ms("engine")
+    assert confirm.decide(race, "engine", "two engines", simplicity) == (Verdict.UNDECIDED, False, "simpler")
+    assert confirm.decide(race, "two engines", "engine", simplicity) == (Verdict.UNDECIDED, True, "simpler")
+    slower = Race([{"engine": 1.2 + k / 100, "two engines": 1.0} for k in range(6)])
+    assert confirm.decide(slower, "engine", "two engines", simplicity)[:2] == (Verdict.SLOWER, True)
+    line = confirm.Confirmation("engine", "two engines", verdict="undecided", tie_broken_by="simpler").line()
+    assert line.endswith("'engine' undecided against 'two engines', kept (simpler)")
 
 
 def test_optimize_races_a_close_runner_up_again_and_reports_it(mlp, monkeypatch):

@@ -18,12 +18,18 @@ the kept finalist are each rebuilt in a worker process started for it alone (as
 block with the project's protocol: a fresh random order each round, a settling pause before
 each block, the other processes idle meanwhile. This race decides, so it goes on while the
 kept one and the fastest other are undecided, up to ``MAX_ROUNDS`` as the finalists' race
-does (``decide``). If that other is then faster beyond noise (``Race.verdict``), or still
-undecided but paying less in its slow blocks (the finalists' own rule), it is kept instead:
-SqueezeNet's race once kept OpenVINO on the user's file by its upper quartile (2.41 ms
-against ONNX Runtime alone's 2.47, both noisy), and after 9 undecided rounds in fresh
-processes (2.48 ms ± 0.06 against 2.33 ± 0.17) kept it still, 0.94x the peer a user would
-have run. The report says what this race showed, either way.
+does (``decide``). If that other is then faster beyond noise (``Race.verdict``), it is kept
+instead. If the two are still undecided, the tie is broken by the finalists' own rule
+(``finalists.choose``): the simpler (fewer libraries, then partitions), then the one whose
+slow blocks cost a user less. SqueezeNet's race once kept OpenVINO on the user's file by its
+upper quartile (2.41 ms against ONNX Runtime alone's 2.47, both noisy), and after 9 undecided
+rounds in fresh processes (2.48 ms ± 0.06 against 2.33 ± 0.17) kept it still, 0.94x the peer a
+user would have run. Simplicity comes first as in that rule: mT5's encoder on the Zen 4 without
+AVX-512 kept ONNX Runtime alone, its op-level placement (ONNX Runtime and OpenVINO) slower in
+the optimizing process's race; raced again, the two were undecided (1.879 ms ± 0.41 against
+1.894 ± 0.31), and the op-level placement, its upper quartile lower by chance, was kept: two
+libraries' threads in a user's process for no time measured. The report says what this race
+showed, either way.
 """
 
 from __future__ import annotations
@@ -70,15 +76,17 @@ class Confirmation:
     verdict: str = ""
     switched: bool = False
     skipped: str | None = None
+    tie_broken_by: str | None = None  # what decided an undecided race (``decide``)
 
     def line(self) -> str:
         if self.skipped is not None:
             return f"not raced again in fresh processes: {self.skipped}"
         ms = ", ".join(f"'{name}' {cost.median_ms:.3f} ms ± {cost.spread_ms:.3f}" for name, cost in self.costs.items())
         if self.switched:
-            why = " (undecided; its slow blocks cost less)" if self.verdict == Verdict.UNDECIDED.value else ""
+            why = f" (undecided; {self.tie_broken_by})" if self.tie_broken_by else ""
             return f"raced again, each in a fresh process: {ms}; kept '{self.kept}' instead of '{self.runner_up}'{why}"
-        return f"raced again, each in a fresh process: {ms}; '{self.kept}' {self.verdict} against '{self.runner_up}', kept"
+        why = f" ({self.tie_broken_by})" if self.tie_broken_by else ""
+        return f"raced again, each in a fresh process: {ms}; '{self.kept}' {self.verdict} against '{self.runner_up}', kept{why}"
 
 
 def runners_up(race: Race, finalists: dict, kept) -> list:
@@ -149,7 +157,7 @@ def confirm(finalists: dict, kept, others: list, request: Callable[[object], byt
             worker.close()
     result.costs = {str(name): race.cost(name) for name in (kept, *others)}
     second = fastest()
-    verdict, switch = decide(race, kept, second)
+    verdict, switch, result.tie_broken_by = decide(race, kept, second, {n: finalists[n].simplicity for n in (kept, second)})
     result.runner_up, result.verdict = str(second), verdict.value
     if switch:
         result.kept, result.runner_up, result.switched = str(second), str(kept), True
@@ -166,12 +174,20 @@ def _unsendable(name, finalist: Finalist) -> str | None:
     return None
 
 
-def decide(race: Race, kept, second) -> tuple[Verdict, bool]:
-    """``kept``'s verdict against ``second`` in the fresh processes' race, and whether
-    ``second`` is kept instead: when ``kept`` is slower beyond noise, or the two are still
-    undecided and ``second``'s slow blocks cost a user less (``Race.paid_ms``)."""
+def decide(race: Race, kept, second, simplicity: dict) -> tuple[Verdict, bool, str | None]:
+    """``kept``'s verdict against ``second`` in the fresh processes' race, whether ``second``
+    is kept instead, and what broke the tie if they are undecided. ``second`` is kept when
+    ``kept`` is slower beyond noise, or when the two are undecided and ``second`` comes first
+    by the finalists' rule (``finalists.choose``): the simpler (``simplicity``: name to
+    ``Finalist.simplicity``), then the one whose slow blocks cost a user less
+    (``Race.paid_ms``)."""
     verdict = race.verdict(kept, second)
-    return verdict, verdict is Verdict.SLOWER or (verdict is Verdict.UNDECIDED and race.paid_ms(second) < race.paid_ms(kept))
+    if verdict is not Verdict.UNDECIDED:
+        return verdict, verdict is Verdict.SLOWER, None
+    rank = {name: (simplicity[name], race.paid_ms(name)) for name in (kept, second)}
+    first, other = (second, kept) if rank[second] < rank[kept] else (kept, second)
+    why = "simpler" if simplicity[first] != simplicity[other] else "its slow blocks cost less"
+    return verdict, first == second, why
 
 
 # -- in the worker: one finalist, held between calls
