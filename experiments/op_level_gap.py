@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import statistics
 import time
 
 import tvm
@@ -31,6 +30,7 @@ def main() -> None:
     from collage import api
     from collage.choosing.finalists import users_call
     from collage.measuring.build import compile_module
+    from collage.measuring.timing import time_call
     from experiments.models import Workload
 
     parser = argparse.ArgumentParser()
@@ -55,16 +55,9 @@ def main() -> None:
     if op_level is None:
         raise SystemExit("no op-level finalist (the model ran whole on one engine or in TVM)")
     arrays = [t.numpy() for t in w.inputs]
-    call = users_call(op_level, arrays, "llvm")
-    for _ in range(10):
-        call()
-    ms = []
-    for _ in range(CALLS):
-        began = time.perf_counter()
-        call()
-        ms.append((time.perf_counter() - began) * 1e3)
+    called = time_call(users_call(op_level, arrays, "llvm"))
     print(f"op-level: {len(op_level.partitions)} partitions, estimated {op_level.estimated_ms:.3f} ms, "
-          f"called {statistics.median(ms):.3f} ms (median of {CALLS})")  # fmt: skip
+          f"called {called.median_ms:.3f} ms ± {called.spread_ms:.3f} (median of {called.samples} samples)")  # fmt: skip
 
     spent, backend_of, estimate = collections.defaultdict(float), {}, {}
     for part, name, kernel in op_level.assembly.kernels:

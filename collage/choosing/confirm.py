@@ -51,7 +51,7 @@ from ..measuring.timing import Protocol, block_calls, settle, timed_block
 from ..measuring.wire import unpack
 from . import elsewhere
 from ..assembling.checked import Finalist
-from .finalists import MAX_ROUNDS, Race, Verdict, users_call
+from .finalists import MAX_ROUNDS, Race, Verdict, simplest, users_call
 
 # Raced again only when the runner-up's paid time is within this share of the kept one's:
 # farther apart, the conditions of the two races were never seen to swap them. None: never.
@@ -184,9 +184,8 @@ def decide(race: Race, kept, second, simplicity: dict) -> tuple[Verdict, bool, s
     verdict = race.verdict(kept, second)
     if verdict is not Verdict.UNDECIDED:
         return verdict, verdict is Verdict.SLOWER, None
-    rank = {name: (simplicity[name], race.paid_ms(name)) for name in (kept, second)}
-    first, other = (second, kept) if rank[second] < rank[kept] else (kept, second)
-    why = "simpler" if simplicity[first] != simplicity[other] else "its slow blocks cost less"
+    first = simplest((kept, second), simplicity, {name: race.paid_ms(name) for name in (kept, second)})
+    why = "simpler" if simplicity[kept] != simplicity[second] else "its slow blocks cost less"
     return verdict, first == second, why
 
 

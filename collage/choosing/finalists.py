@@ -237,7 +237,7 @@ def choose(
         best = min(measured, key=value.get)
         tied = [name for name in measured
                 if value[name] - value[best] <= _relative_noise(measured[name], measured[best]) * value[best]]  # fmt: skip
-    chosen = min(tied, key=lambda name: (simplicity[name], value[name]))
+    chosen = simplest(tied, simplicity, value)
     if chosen == best:
         return chosen, _steadier_note(chosen, measured, race) if race is not None else None
     worse = value[chosen] / value[best] - 1
@@ -247,6 +247,13 @@ def choose(
         f"kept '{chosen}' ({libraries} librar{'y' if libraries == 1 else 'ies'}, {partitions} partition(s)): "
         f"within noise of {what}, '{best}' ({worse:+.1%}), and simpler"
     )
+
+
+def simplest(names, simplicity: dict, value: dict):
+    """Of ``names`` nobody can tell apart by time, the one to keep: the simplest (fewest
+    libraries, then partitions, then reduced partitions: ``Finalist.simplicity``), then the
+    lowest ``value``; the first of ``names`` where all are alike."""
+    return min(names, key=lambda name: (simplicity[name], value[name]))
 
 
 def _steadier_note(chosen: str, measured: dict[str, Cost], race: Race) -> str | None:
