@@ -178,5 +178,6 @@ BACKEND = Backend(
     requires=("torch",),
     probe=probe,
     library=f"oneDNN in PyTorch {installed_version('torch')}",
+    spins_after_calls=True,  # PyTorch's OpenMP pool, as MKL's kernels (backends/mkl.py)
     precisions=lambda target: () if amx_unavailable(cpu_info()["isa"]) else (BFLOAT16,),
 )

@@ -7,7 +7,8 @@ ONNX Runtime reads the inputs and writes the outputs in place: no copy either wa
 Settings: those of its users (all graph optimizations, one inter-op thread), except that a
 kernel among other libraries' kernels stops its threads spinning after each run (the
 engine alone, ``alone``: the whole model, or all but trivial ops, keeps them spinning), and
-that a rewrite which would change what the model computes is left out
+never lets them spin where a neighbour's threads spin after their calls (``beside_spinning``),
+and that a rewrite which would change what the model computes is left out
 (``collage.model.frontend.unsound_ort_rewrites``: a zero Pad folded into a MaxPool).
 Threads: ``compile``'s ``threads`` sets the session's intra-op threads (0 leaves ONNX
 Runtime's default, one per physical core).
@@ -43,7 +44,7 @@ from collage.model.frontend import unsound_ort_rewrites
 QUANTIZED_OPS = ("MatMul", "Gemm")
 
 
-def _session(model_bytes: bytes, threads: int, alone: bool, disabled: list[str]):
+def _session(model_bytes: bytes, threads: int, alone: bool, disabled: list[str], beside_spinning: bool = False):
     """A session of ``model_bytes`` with its users' settings, less the ``disabled`` rewrites
     (``unsound_ort_rewrites``: ones that would change what it computes)."""
     import onnxruntime as ort
@@ -60,6 +61,15 @@ def _session(model_bytes: bytes, threads: int, alone: bool, disabled: list[str])
         # (its users' setting) they spin, which keeps a whole model fast: ResNet 1.09 ms
         # spinning against 1.52 stopping, ViT 0.72 against 1.05 (small configs, Zen 3).
         options.add_session_config_entry("session.force_spinning_stop", "1")
+    if beside_spinning:
+        # Nor while it runs: its caller would spin waiting for its workers, and they wait for
+        # a core, which the neighbour's spinning threads (PyTorch's OpenMP pool, after a
+        # product) keep until the scheduler's slice ends. SwiftFormer's op-level placement over
+        # TVM, 24 ONNX Runtime kernels and 17 of MKL (2-core Zen 4): 12-24 ms a call, its ONNX
+        # Runtime kernels 0.07-0.1 ms each measured and 0.4-4 ms in the module; never spinning,
+        # 6.3-7.1 ms. Where no neighbour spins they may: OPT's ONNX Runtime region beside TVM
+        # took 3.4 ms never spinning against 1.8.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # Not one thread pool shared by all sessions (set_global_thread_pool_sizes): op by op over
     # tvm and onnxruntime it ran SqueezeNet faster (4.7 ms, against 6.4), but OpenVINO, timed
     # in alternation with it, then ran ResNet-50 in 40.6 ms instead of 21.
@@ -75,9 +85,10 @@ def _slots(values) -> list[tuple[str, object]]:
     return [(v.name, helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)) for v in values]
 
 
-def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool = False, precision: str = FLOAT32):
+def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool = False, precision: str = FLOAT32,
+                 beside_spinning: bool = False):
     run = model if precision == FLOAT32 else quantized(model)
-    session = _session(run.SerializeToString(), threads, alone, unsound_ort_rewrites(model))
+    session = _session(run.SerializeToString(), threads, alone, unsound_ort_rewrites(model), beside_spinning)
     initializers = {t.name for t in model.graph.initializer}
     slots = [(True, *slot) for slot in _slots(v for v in model.graph.input if v.name not in initializers)]
     slots += [(False, *slot) for slot in _slots(model.graph.output)]

@@ -37,12 +37,13 @@ def _config(precision: str, threads: int) -> dict:
     return config
 
 
-def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool = False, precision: str = FLOAT32):
+def compile_onnx(model: onnx.ModelProto, target: str, threads: int, alone: bool = False, precision: str = FLOAT32,
+                 beside_spinning: bool = False):
     import openvino as ov
 
     core = ov.Core()
-    # Alone or among other libraries' kernels alike: the CPU plugin's threads sleep between
-    # runs, as its users run it (PERFORMANCE_HINT LATENCY).
+    # Alone, among other libraries' kernels or beside spinning threads alike: its users'
+    # settings (PERFORMANCE_HINT LATENCY), under which the CPU plugin's threads sleep between runs.
     compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU", _config(precision, threads))
     initializers = {t.name for t in model.graph.initializer}
     values = [v for v in model.graph.input if v.name not in initializers] + list(model.graph.output)

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from tvm import relax
 
 import collage
-from collage.assembling.assemble import runs_alone
+from collage.assembling.assemble import beside_spinning, runs_alone
 from collage.candidates.backend import default_backends
 from collage.candidates.generate import Candidate
 from collage.measuring.cost import Cost
@@ -23,7 +23,7 @@ from collage.choosing.engine_alone import blockers, blockers_text
 from collage.choosing.finalists import (ATTEMPTS, MAX_OTHERS_BUSY, MAX_ROUNDS, NOISE_FLOOR, Race, Verdict, choose,
                                        time_finalists, within_noise)  # fmt: skip
 from collage.model.graph import DataflowGraph
-from collage.placing.placement import Partition
+from collage.placing.placement import Partition, Placement
 from collage.deploying.report import dominant_tvm_ops
 from collage.candidates.subgraph import SubGraph
 from collage.measuring.build import build_vm
@@ -185,6 +185,54 @@ def test_onnxruntime_alone_keeps_its_threads_spinning_and_among_others_stops_the
     alone = onnxruntime.compile_onnx(onnxruntime.to_onnx(func), "llvm", 2, alone=True)
     among = onnxruntime.BACKEND.compile(func, "onnxruntime.fused", "llvm", 2)
     assert not _spinning_stops(alone) and _spinning_stops(among)
+
+
+def _config(kernel, entry: str) -> str | None:
+    try:
+        return kernel.session.get_session_options().get_session_config_entry(entry)
+    except RuntimeError:  # never set
+        return None
+
+
+def test_an_engine_beside_a_library_whose_threads_spin_never_lets_its_own_spin():
+    """PyTorch's OpenMP workers keep their cores after MKL's and oneDNN's kernels; an ONNX
+    Runtime kernel in the same module waiting on its own workers would stall a scheduler slice."""
+    from collage.backends import onnxruntime
+    from collage.measuring.build import compile_kernel
+
+    backends = default_backends()
+    assert backends["mkl"].spins_after_calls and backends["dnnl"].spins_after_calls
+    assert not any(backends[b].spins_after_calls for b in ("tvm", "onnxruntime", "openvino"))
+    graph = DataflowGraph(models.load("mlp").relax["main"])
+    n = len(graph)
+    engine, product = _partitions(graph, ("onnxruntime", range(1, n), 1.0), ("mkl", [0], 0.1))
+    assert beside_spinning(engine, [product, engine], backends)
+    engine, glue = _partitions(graph, ("onnxruntime", range(1, n), 1.0), ("tvm", [0], 0.1))
+    assert not beside_spinning(engine, [glue, engine], backends)
+    a, b = _partitions(graph, ("onnxruntime", range(1, n), 1.0), ("openvino", [0], 0.1))
+    assert not beside_spinning(a, [b, a], backends)
+
+    func = models.load("mlp").relax["main"]
+    beside, reason = compile_kernel(onnxruntime.BACKEND, func, "onnxruntime.fused", "llvm", 2, beside_spinning=True)
+    assert reason is None and _config(beside, "session.intra_op.allow_spinning") == "0"
+    among = onnxruntime.BACKEND.compile(func, "onnxruntime.fused", "llvm", 2)
+    assert _config(among, "session.intra_op.allow_spinning") is None and _spinning_stops(among)
+
+
+def test_an_engine_kernel_is_compiled_quiet_where_its_placement_has_a_spinning_library():
+    from collage.assembling.checked import assemble_and_check
+    from collage.measuring.arrays import Reference
+
+    w = models.load("mlp")
+    graph = DataflowGraph(w.relax["main"])
+    product, rest = _partitions(graph, ("mkl", [0, 1], 0.1), ("onnxruntime", range(2, len(graph)), 1.0))
+    product = Partition(Candidate(product.candidate.subgraph, "mkl", "mkl.dense"), product.cost)
+    reference = Reference([x.numpy() for x in w.inputs], [np.asarray(y) for y in w.reference()])
+    checked = assemble_and_check(graph, Placement(graph, (product, rest)), reference, default_backends(), "llvm", 2)
+    assert not checked.fallbacks
+    (_, name, kernel), = [k for k in checked.assembly.kernels if k[0].backend == "onnxruntime"]
+    assert checked.assembly.sources[name].beside_spinning
+    assert _config(kernel, "session.intra_op.allow_spinning") == "0"
 
 
 def test_every_engine_alone_is_a_finalist_built_checked_and_timed(mlp_optimized):

@@ -45,7 +45,8 @@ class KernelSource:
     ``build.compile_kernel``), an ONNX model an engine runs whole (``onnx_model``, by
     ``Backend.compile_onnx``), or the user's PyTorch program an engine compiles whole
     (``program``, by ``Backend.compile_program``). ``alone``: compiled with the engine's users'
-    own settings; ``precision``: the number format it computes in."""
+    own settings; ``beside_spinning``: compiled for a module where another library's threads
+    spin after its calls (``beside_spinning``); ``precision``: the number format it computes in."""
 
     backend: str
     pattern: str
@@ -54,6 +55,7 @@ class KernelSource:
     onnx_model: object | None = None  # onnx.ModelProto
     precision: str = FLOAT32
     program: object | None = None  # torch.export.ExportedProgram
+    beside_spinning: bool = False
 
 
 @dataclass
@@ -226,14 +228,15 @@ def assemble(
                     result = bb.emit(relax.Call(gv, args))
                 else:
                     name, alone = f"{prefix}.{k}.{part.backend}", runs_alone(part, partitions)
+                    spinning = beside_spinning(part, partitions, backends)
                     try:
-                        kernel = _compile(part, backends, target, threads, compiled, alone)
+                        kernel = _compile(part, backends, target, threads, compiled, alone, spinning)
                     except PartitionFailed:
                         _unregister([n for _, n, _ in kernels])  # no Assembly will own them
                         raise
                     kernels.append((part, name, kernel))
                     sources[name] = KernelSource(part.backend, part.pattern, alone, subgraph=sub,
-                                                 precision=part.candidate.precision)
+                                                 precision=part.candidate.precision, beside_spinning=spinning)
                     tvm.register_global_func(name, kernel, override=True)
                     args = [remap.visit_expr(a) for a in sub.arguments(lift_constants=False)]
                     out_ty = [graph[i].ty for i in sub.outputs]
@@ -272,16 +275,24 @@ def runs_alone(part: Partition, partitions) -> bool:
     return math.isfinite(rest) and math.isfinite(part.cost_ms) and rest <= TRIVIAL_SHARE * part.cost_ms
 
 
-def _compile(part: Partition, backends: BackendSet, target: str, threads: int, compiled: dict | None, alone: bool):
+def beside_spinning(part: Partition, partitions, backends: BackendSet) -> bool:
+    """Whether another library's kernel in the placement leaves its threads spinning after
+    its calls (``Backend.spins_after_calls``), where ``part``'s threads would find no core."""
+    return any(p.backend != part.backend and p.backend in backends.names() and backends[p.backend].spins_after_calls
+               for p in partitions)  # fmt: skip
+
+
+def _compile(part: Partition, backends: BackendSet, target: str, threads: int, compiled: dict | None, alone: bool,
+             spinning: bool = False):
     """The partition's kernel; ``PartitionFailed`` with the reason when there is none (the
     caller falls the partition back to TVM)."""
-    key = (part.backend, part.pattern, part.nodes, alone, part.candidate.precision)
+    key = (part.backend, part.pattern, part.nodes, alone, part.candidate.precision, spinning)
     if compiled is not None and key in compiled:
         kernel, reason = compiled[key]
     else:
         func = part.candidate.subgraph.extract()
         kernel, reason = compile_kernel(backends[part.backend], func, part.pattern, target, threads, alone,
-                                        part.candidate.precision)
+                                        part.candidate.precision, spinning)
         if compiled is not None:
             compiled[key] = (kernel, reason)
     if reason is not None:

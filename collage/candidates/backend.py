@@ -101,6 +101,10 @@ class Backend:
     ``prepare(target)``, for such a backend, is what all those compiles wait for that can
     start before them: it runs in the optimizing process beside the pool (inductor: probing
     the host's CPU, once a machine).
+    ``spins_after_calls`` declares that its threads go on spinning on their cores for a while
+    after a kernel returns, without yielding them (PyTorch's GNU OpenMP pool). An engine's
+    kernel in a module beside such a kernel is compiled with ``beside_spinning=True``
+    (``compile_onnx``): its threads must then never spin either (``assemble.beside_spinning``).
     """
 
     name: str
@@ -119,6 +123,7 @@ class Backend:
     graph_safe: bool = False  # on TVM's CUDA stream, no host wait: a CUDA graph may capture its kernels
     compile_cache: bool = False  # its compiles leave an on-disk cache another process's compile hits
     prepare: Callable[[str], None] | None = None  # for compile_cache: their common set-up, started beside them
+    spins_after_calls: bool = False  # its threads keep their cores a while after a kernel returns
 
     def __post_init__(self):
         if self.kind not in (OP_LEVEL, GRAPH_LEVEL):

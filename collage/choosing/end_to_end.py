@@ -116,7 +116,7 @@ class EndToEnd:
 
 
 class _LeastRecentlyUsed(OrderedDict):
-    """Kernels by (backend, pattern, nodes, alone, precision), forgetting the least recently used ones once
+    """Kernels by (backend, pattern, nodes, alone, precision, beside spinning), forgetting the least recently used ones once
     they cover more than ``capacity`` nodes in all: an engine's kernel holds its partition's
     weights, so a bound in nodes is a bound in memory (a few copies of the model)."""
 

@@ -99,7 +99,7 @@ def export(opt, path: str | os.PathLike) -> Path:
             (path / file).write_text(tvm.ir.save_json(source.subgraph.extract()))
         kernels.append({
             "name": name, "backend": source.backend, "pattern": source.pattern, "alone": source.alone,
-            "precision": source.precision,
+            "beside_spinning": source.beside_spinning, "precision": source.precision,
             "file": file, "library": _library(source.backend),
         })  # fmt: skip
     # Compiled as optimize compiled it: on CUDA, with CUDA graphs where its kernels allow them
@@ -288,7 +288,7 @@ def _kernel(entry: dict, backends: BackendSet, target: str, threads: int, path: 
         import onnx
 
         kernel, reason = compile_onnx_kernel(backend, onnx.load(file), target, threads, entry["alone"],
-                                             entry.get("precision", FLOAT32))
+                                             entry.get("precision", FLOAT32), entry.get("beside_spinning", False))
     elif file.suffix == ".pt2":  # the user's PyTorch program, compiled whole in place of main
         import torch
 
@@ -300,7 +300,7 @@ def _kernel(entry: dict, backends: BackendSet, target: str, threads: int, path: 
     else:
         func = tvm.ir.load_json(file.read_text())
         kernel, reason = compile_kernel(backend, func, entry["pattern"], target, threads, entry["alone"],
-                                        entry.get("precision", FLOAT32))
+                                        entry.get("precision", FLOAT32), entry.get("beside_spinning", False))
     if reason is None:
         return kernel
     raise ExportError(f"{path}: {backend.name} cannot compile kernel {entry['name']} here: {reason}")

@@ -156,25 +156,26 @@ def check_candidate(backend, func: relax.Function, pattern: str, target: str = "
 
 
 def compile_kernel(backend, func: relax.Function, pattern: str, target: str, threads: int, alone: bool = False,
-                   precision: str = FLOAT32):
+                   precision: str = FLOAT32, beside_spinning: bool = False):
     """``(kernel, None)``, or ``(None, why not)``: the library cannot run here, rejects the
     sub-graph (``Unsupported``), or fails compiling it. Never raises. The kernel runs on
     ``threads`` threads (0: the library's default), in ``precision`` (a reduced one is passed
     as ``precision=``; ``Backend.precisions``). ``alone`` compiles an
     inference engine's kernel with its users' settings (``Backend.compile_onnx``), for a
-    partition that nothing of another library runs beside."""
+    partition that nothing of another library runs beside; ``beside_spinning``, for one
+    beside a library whose threads spin after its calls (``Backend.spins_after_calls``)."""
     from ..candidates.onnx_convert import to_onnx
 
-    reduced = precision_argument(precision)
-    if alone and backend.compile_onnx is not None:
-        return _compiled(backend, target, lambda: backend.compile_onnx(to_onnx(func), target, threads, alone=True, **reduced))
-    return _compiled(backend, target, lambda: backend.compile(func, pattern, target, threads, **reduced))
+    if (alone or beside_spinning) and backend.compile_onnx is not None:
+        return compile_onnx_kernel(backend, to_onnx(func), target, threads, alone, precision, beside_spinning)
+    return _compiled(backend, target, lambda: backend.compile(func, pattern, target, threads, **precision_argument(precision)))
 
 
-def compile_onnx_kernel(backend, model, target: str, threads: int, alone: bool = True, precision: str = FLOAT32):
+def compile_onnx_kernel(backend, model, target: str, threads: int, alone: bool = True, precision: str = FLOAT32,
+                        beside_spinning: bool = False):
     """An inference engine's kernel for an ONNX model, as ``compile_kernel`` returns one."""
-    reduced = precision_argument(precision)
-    return _compiled(backend, target, lambda: backend.compile_onnx(model, target, threads, alone=alone, **reduced))
+    settings = {"alone": alone} | precision_argument(precision) | ({"beside_spinning": True} if beside_spinning else {})
+    return _compiled(backend, target, lambda: backend.compile_onnx(model, target, threads, **settings))
 
 
 def compile_program_kernel(backend, program, main: relax.Function, target: str, threads: int, precision: str = FLOAT32):
