@@ -92,8 +92,14 @@ def test_every_close_runner_up_is_raced_and_the_fastest_kept(mlp):
     result = confirm.confirm(finalists, TVM, [OV, ORT], requests(w, finalists, arrays, expected), threads=2)
     assert result.skipped is None and result.switched and result.runner_up == str(TVM)
     assert set(result.costs) == {str(TVM), str(OV), str(ORT)}
-    faster = min((ORT, OV), key=lambda name: result.costs[str(name)].median_ms)
-    assert result.kept == str(faster)
+    # The fastest other is the one whose slow blocks cost least (``Race.paid_ms``), not the
+    # one of lower median: where the two engines' medians differ by less than their spreads,
+    # either may be kept.
+    faster, slower = sorted((ORT, OV), key=lambda name: result.costs[str(name)].median_ms)
+    a, b = result.costs[str(faster)], result.costs[str(slower)]
+    assert result.kept in (str(ORT), str(OV))
+    if b.median_ms - a.median_ms > a.spread_ms + b.spread_ms:
+        assert result.kept == str(faster)
 
 
 def test_only_close_runners_up_are_raced_again_the_nearest_first():
