@@ -55,7 +55,7 @@ from .choosing import confirm, elsewhere
 from .choosing import policy
 from .choosing.finalists import Timed, choose, time_finalists
 from .placing.objective import Objective
-from .placing.placement import Partition, Placement, PlacementError, place
+from .placing.placement import Partition, Placement, PlacementError
 from .placing.refine import refine
 from .placing.substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .placing.substitute import SearchResult
@@ -232,6 +232,8 @@ def optimize_with(
     except PlacementError as err:  # an operator no backend (not even TVM) could run
         raise OptimizeError(_why_unplaced(err, graph, candidates, measurer)) from None
     seconds.place = time.perf_counter() - t
+    record.interplays = {f"{a} and {b}": ms for (a, b), ms in measurer.interplays().items()}
+    record.interplay_s = measurer.interplay_s
     record.exact = all(p.exact for p in placements.values())
     engines = [b for b in usable if b.kind == GRAPH_LEVEL and b.rules]
     record.engine_blockers = {e.name: blockers_text(e.name, found) for e in engines if (found := blockers(graph, e))}
@@ -558,7 +560,7 @@ def _substituted_finalist(result: SearchResult, measurer, usable, reference, bac
     graph = dataflow_graph(result.best)
     candidates = generate(graph, usable)
     measurer.measure_all(candidates, progress=False)
-    placement = place(graph, candidates, measurer, measurer.transition_ms)
+    placement = policy.placed(graph, candidates, measurer)
     return assemble_and_check(graph, placement, reference, backend_set, config.target, config.threads)
 
 

@@ -2,10 +2,11 @@
 
 Each library's transition probe (``measuring.transition``: a 3x3 convolution, else a matrix
 product) is compiled eight times, as eight partitions of a model are eight kernels, and called
-from one Relax module with TVM ops between calls, as a placement runs them. Five modules: TVM's
-ops alone, A's kernels among them, B's, A's and B's alternating, and A's then B's (blocked).
-Each is timed as a mean over 100 calls, the cost a serving loop pays (a median of single calls
-hides the scheduler's stalls, which are the point here), seven times in turn.
+from one Relax module with TVM ops between calls, as a placement runs them
+(``transition.chain_call``). Five modules: TVM's ops alone, A's kernels among them, B's, A's
+and B's alternating (what ``optimize`` measures as the pair's interplay), and A's then B's
+(blocked). Each is timed as a mean over 100 calls, the cost a serving loop pays (a median of
+single calls hides the scheduler's stalls, which are the point here), seven times in turn.
 
 What is beyond the sum of A's and B's costs alone is their interplay. On a 2-core Zen 4 (stop
 61) MKL's products beside ONNX Runtime's convolutions cost 0.24 ms a pair of calls more
@@ -24,20 +25,16 @@ import statistics
 import time
 
 import tvm
-from tvm import relax
 
-KERNELS = 8  # distinct kernels of each library, as a placement's partitions are
-GAP_OPS = 16  # TVM ops before each call, as between two partitions of a model
 CALLS = 100  # calls a sample's mean is over
 
 
 def main() -> None:
     from collage.candidates.backend import default_backends
-    from collage.measuring.arrays import random_inputs, to_tensors
-    from collage.measuring.build import build_vm, compile_kernel, device_for, synchronized
     from collage.measuring.cost import cpu_info
     from collage.measuring.timing import Timing
-    from collage.measuring.transition import TransitionTask, probes
+    from collage.measuring.transition import CALLS as KERNELS
+    from collage.measuring.transition import TransitionTask, chain_call
 
     parser = argparse.ArgumentParser()
     parser.add_argument("first")
@@ -50,60 +47,33 @@ def main() -> None:
     target, backends = "llvm", default_backends()
     a, b = backends[args.first], backends[args.second]
     # Each kernel compiled as the assembly compiles it beside the other library
-    # (``assemble.beside_spinning``).
+    # (``assemble.beside_spinning``), unless told otherwise.
     spinning = {a.name: b.spins_after_calls and not args.ignore_spinning,
-                b.name: a.spins_after_calls and not args.ignore_spinning}
-
-    def kernels(backend) -> list[tuple[str, relax.Function]]:
+                b.name: a.spins_after_calls and not args.ignore_spinning}  # fmt: skip
+    probes, names, callees = [], [], {}
+    for backend in (a, b):
         task = TransitionTask.of(backend, target, args.threads, Timing())
-        for (k, pattern), func in zip(task.tries, (f for f, _ in task.compiles())):
-            made = [compile_kernel(backend, func, pattern, target, args.threads, beside_spinning=spinning[backend.name])
-                    for _ in range(KERNELS)]  # fmt: skip
-            if all(reason is None for _, reason in made):
-                names = [f"interplay.{backend.name}.{i}" for i in range(KERNELS)]
-                for name, (kernel, _) in zip(names, made):
-                    tvm.register_global_func(name, kernel, override=True)
-                return [(name, probes()[k]) for name in names]
-        raise SystemExit(f"{backend.name} runs none of the transition probes")
+        kernels, probe = task.probe_kernels(KERNELS, spinning[backend.name])
+        if kernels is None:
+            raise SystemExit(probe)
+        names.append([f"interplay.{backend.name}.{k}" for k in range(KERNELS)])
+        for name, kernel in zip(names[-1], kernels):
+            tvm.register_global_func(name, kernel, override=True)
+            callees[name] = backend
+        probes.append(probe)
 
-    calls = {a.name: kernels(a), b.name: kernels(b)}
-    device = device_for(target)
-
-    def module(sequence: list[tuple[str, bool]]):
-        """One stream of values per library; each step, TVM's ops on that stream, then (where
-        the step says so) the library's next kernel."""
-        streams = {name: relax.Var(f"x_{name}", calls[name][0][1].params[0].ty) for name in calls}
-        bb, used, turn = relax.BlockBuilder(), {}, {name: 0 for name in calls}
-        with bb.function("main", list(streams.values())):
-            with bb.dataflow():
-                values = dict(streams)
-                for name, call in sequence:
-                    for _ in range(GAP_OPS):
-                        values[name] = bb.emit(relax.op.multiply(values[name], relax.const(0.5, "float32")))
-                    if call:
-                        callee, func = calls[name][turn[name]]
-                        turn[name] += 1
-                        used[callee] = backends[name]
-                        values[name] = bb.emit(relax.call_dps_packed(callee, relax.Tuple([values[name]]),
-                                                                     out_ty=func.params[0].ty))  # fmt: skip
-                out = bb.emit_output(relax.Tuple(list(values.values())))
-            bb.emit_func_output(out)
-        vm = build_vm(bb.get(), target, used)
-        inputs = [to_tensors(random_inputs(calls[name][0][1]), device)[0] for name in calls]
-        return synchronized(lambda: vm["main"](*inputs), target)
-
-    def steps(name: str, call: bool) -> list[tuple[str, bool]]:
-        return [(name, call)] * KERNELS
-
-    def alternating(x, y):
-        return [step for pair in zip(x, y) for step in pair]
+    def module(order: str, with_a: bool, with_b: bool):
+        steps_a = [(0, name if with_a else None) for name in names[0]]
+        steps_b = [(1, name if with_b else None) for name in names[1]]
+        steps = steps_a + steps_b if order == "blocked" else [s for pair in zip(steps_a, steps_b) for s in pair]
+        return chain_call(probes, steps, target, callees)
 
     modules = {
-        "TVM's ops alone": module(alternating(steps(a.name, False), steps(b.name, False))),
-        f"{a.name} alone": module(alternating(steps(a.name, True), steps(b.name, False))),
-        f"{b.name} alone": module(alternating(steps(a.name, False), steps(b.name, True))),
-        "alternating": module(alternating(steps(a.name, True), steps(b.name, True))),
-        "blocked": module(steps(a.name, True) + steps(b.name, True)),
+        "TVM's ops alone": module("alternating", False, False),
+        f"{a.name} alone": module("alternating", True, False),
+        f"{b.name} alone": module("alternating", False, True),
+        "alternating": module("alternating", True, True),
+        "blocked": module("blocked", True, True),
     }
     means: dict[str, list[float]] = {name: [] for name in modules}
     for _ in range(args.rounds):

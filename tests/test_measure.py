@@ -417,6 +417,23 @@ def test_transition_cost_is_measured_per_backend_and_logged(tmp_path):
     assert m.transition_ms("numpy") == 0.0
 
 
+def test_two_libraries_interplay_is_measured_once_per_pair_and_logged(tmp_path):
+    """MKL's products and ONNX Runtime's convolutions, each eight kernels, in one module (in the
+    measuring worker, as the candidates are): a cost per pair of calls, logged under the pair."""
+    backends = default_backends()
+    m = measurer(tmp_path, backends["mkl"], backends["onnxruntime"])
+    ms = m.interplay_ms("onnxruntime", "mkl")
+    assert 0.0 <= ms < 5.0 and m.interplay_ms("mkl", "onnxruntime") == ms  # one pair, either order
+    logged = m.log.get(m.interplay_key("mkl", "onnxruntime"))
+    assert logged.is_valid and logged.samples == FAST.min_samples
+    assert measurer(tmp_path, backends["mkl"], backends["onnxruntime"]).interplay_ms("mkl", "onnxruntime") == ms
+    assert m.interplay_ms("tvm", "mkl") == 0.0 and m.interplay_ms("mkl", "mkl") == 0.0
+    # NumPy's element-wise chain runs neither probe: invalid with a reason, none charged.
+    numpy = measurer(tmp_path, NUMPY, backends["mkl"])
+    assert numpy.interplay_ms("numpy", "mkl") == 0.0
+    assert numpy.log.get(numpy.interplay_key("mkl", "numpy")).reason == "numpy runs none of the transition probes"
+
+
 FAST_PROTOCOL = Protocol(rounds=5, block_ms=4.0, settle_s=0.0, warmup_s=0.01)
 
 

@@ -327,3 +327,76 @@ def test_the_lowest_node_search_gives_a_placement_that_runs_and_no_cheaper_than_
         assert _covers_once_and_runs(lowest, g)
     if module is Chain:  # a chain's lowest node is its only frontier node: nothing is missed
         assert lowest.estimated_ms == pytest.approx(exact.estimated_ms)
+
+
+# -- libraries that slow each other by sharing the cores --
+
+
+class _Interplay:
+    """Test-only interplay of pairs of libraries, recording which pairs the search asked for."""
+
+    def __init__(self, table):
+        self.table, self.asked = table, []
+
+    def __call__(self, a, b):
+        self.asked.append((a, b))
+        return self.table.get(frozenset((a, b)), 0.0)
+
+
+def test_libraries_that_slow_each_other_are_mixed_only_where_it_still_pays():
+    g = DataflowGraph.from_module(Chain)
+    table = {("tvm", (i,)): 1.0 for i in range(4)}
+    table[("lib", (0, 1))] = 1.5
+    table[("engine", (2, 3))] = 1.2
+    candidates, prices = priced(g, table)
+    slight = _Interplay({frozenset(("lib", "engine")): 0.2})  # 0.1 for each of the two partitions
+    p = place(g, candidates, prices, interplay_ms=slight)
+    assert chosen(p) == {("lib", frozenset({0, 1})), ("engine", frozenset({2, 3}))}
+    assert p.estimated_ms == pytest.approx(2.9) and slight.asked == [("engine", "lib")]
+    # Sharing the cores costs each partition 0.5: lib's 0.5 gain on {0, 1} is gone, engine's
+    # 0.8 on {2, 3} is not; the pair is measured once.
+    heavy = _Interplay({frozenset(("lib", "engine")): 1.0})
+    p = place(g, candidates, prices, interplay_ms=heavy)
+    assert chosen(p) == {("tvm", frozenset({0})), ("tvm", frozenset({1})), ("engine", frozenset({2, 3}))}
+    assert p.estimated_ms == pytest.approx(3.2) and heavy.asked == [("engine", "lib")]
+
+
+def test_a_placement_of_one_library_asks_for_no_interplay():
+    g = DataflowGraph.from_module(Chain)
+    table = {("tvm", (i,)): 1.0 for i in range(4)} | {("lib", (0, 1)): 1.5, ("lib", (2, 3)): 1.2, ("engine", (2, 3)): 1.9}
+    candidates, prices = priced(g, table)
+    interplay = _Interplay({frozenset(("lib", "engine")): 5.0})
+    assert chosen(place(g, candidates, prices, interplay_ms=interplay)) == {("lib", frozenset({0, 1})), ("lib", frozenset({2, 3}))}
+    assert interplay.asked == []
+
+
+def _brute_force_sharing(graph, candidates, prices, interplay):
+    """The cheapest placement, each library's partition paying half its interplay with each
+    other library the placement uses."""
+    usable = [c for c in candidates if prices.cost(c).is_valid]
+    best, everything = None, frozenset(range(len(graph)))
+    for k in range(1, len(graph) + 1):
+        for combo in itertools.combinations(usable, k):
+            nodes = [c.subgraph.nodes for c in combo]
+            if sum(map(len, nodes)) != len(everything) or frozenset().union(*nodes) != everything or not _runs(combo):
+                continue
+            libraries = {c.backend for c in combo} - {"tvm"}
+            total = sum(prices.cost(c).value_ms for c in combo)
+            total += sum(interplay.table.get(frozenset((c.backend, other)), 0.0) / 2
+                         for c in combo for other in libraries if other != c.backend)  # fmt: skip
+            best = total if best is None else min(best, total)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("module", [Chain, Diamond, Wide], ids=["chain", "diamond", "wide"])
+def test_dp_sharing_the_cores_matches_brute_force(module, seed):
+    g = DataflowGraph.from_module(module)
+    rng = random.Random(seed)
+    table = _random_prices(g, rng, ("lib", "engine", "other"), (2, 3), 4)
+    candidates, prices = priced(g, table)
+    pairs = [frozenset(p) for p in itertools.combinations(("lib", "engine", "other"), 2)]
+    interplay = _Interplay({pair: rng.choice([0.0, rng.uniform(0.0, 2.0)]) for pair in pairs})
+    p = place(g, candidates, prices, interplay_ms=interplay)
+    assert p.estimated_ms == pytest.approx(_brute_force_sharing(g, candidates, prices, interplay))
+    assert _covers_once_and_runs(p, g)

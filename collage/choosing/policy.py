@@ -51,12 +51,12 @@ def placements(graph, candidates, costs, usable, graph_level: bool, offered: dic
             placements[name] = placement
         return same or name
 
-    add(OP_LEVEL, place(graph, candidates, costs, costs.transition_ms))
+    add(OP_LEVEL, placed(graph, candidates, costs))
     if offered:
-        add(OP_LEVEL_REDUCED, place(graph, every_precision, costs, costs.transition_ms))
+        add(OP_LEVEL_REDUCED, placed(graph, every_precision, costs))
     if graph_level:
         kernels = [c for c in candidates if not c.pattern.endswith((REGION_SUFFIX, PART_SUFFIX))]
-        add(KERNELS_ONLY, place(graph, kernels, costs, costs.transition_ms))
+        add(KERNELS_ONLY, placed(graph, kernels, costs))
     tvm_only = [c for c in candidates if c.backend == REFERENCE_BACKEND]
     alone = {}
     for backend in usable:
@@ -67,6 +67,12 @@ def placements(graph, candidates, costs, usable, graph_level: bool, offered: dic
             if name is not None and precision == FLOAT32:
                 alone[backend.name] = name
     return placements, alone
+
+def placed(graph, candidates, costs) -> Placement:
+    """The DP's placement under ``costs``: its transitions, and the interplay of libraries
+    sharing the cores where ``costs`` measures it (a price list of a test may not)."""
+    return place(graph, candidates, costs, costs.transition_ms, interplay_ms=getattr(costs, "interplay_ms", None))
+
 
 def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, notes, add) -> FinalistName | None:
     """``backend`` alone on the whole model in ``precision``, else its largest regions in it
@@ -94,7 +100,7 @@ def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, no
             notes[str(name)] = f"{name} is the '{same}' placement (one partition, the whole model), timed once as it"
         return same
     name = FinalistName(FinalistKind.ENGINE_REGIONS, backend.name, precision=precision)
-    return add(name, place(graph, regions + tvm_only, costs, costs.transition_ms))
+    return add(name, placed(graph, regions + tvm_only, costs))
 
 def reduced_precisions(usable, config: Config, record: RunRecord) -> dict[str, tuple[str, ...]]:
     """Backend name -> the reduced precisions it offers on the device optimized for (here, or

@@ -250,6 +250,10 @@ def format_report(opt) -> str:
         )
         if (measuring := measuring_text(r)) is not None:
             lines.append(measuring)
+        if r.interplays:
+            pairs = ", ".join(f"{pair} {ms:.3f} ms" for pair, ms in r.interplays.items())
+            measured = f", measured now in {r.interplay_s:.1f} s" if r.interplay_s >= 0.05 else ", from the cost log"
+            lines.append(f"libraries sharing the cores, priced a pair of calls: {pairs}{measured}")
         if r.assembled_s:
             steps = ", ".join(f"{name} {s:.1f} s" for name, s in r.assembled_s.items())
             lines.append(f"assembling and checking's {r.seconds.assemble:.1f} s: {steps}")

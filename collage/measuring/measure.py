@@ -46,6 +46,7 @@ from .timing import Timing, over_ceiling
 from .transition import TransitionTask
 
 TRANSITION = "transition"  # the pattern name of the transition-cost row in the log
+INTERPLAY = "interplay"  # and of a pair of libraries' interplay
 # Candidates compiled together (``Backend.compile_many``): large enough that setting up the
 # compiler is paid rarely, small enough that a batch that does not compile (each of its
 # candidates is then compiled alone) or a worker that dies on one costs little.
@@ -110,6 +111,8 @@ class Measurer:
         # (not by node indices: the substitution search measures the candidates of many graphs).
         self._references: dict[int, list[np.ndarray]] = {}
         self._transitions: dict[str, float] = {}
+        self._interplays: dict[tuple[str, str], float] = {}  # known so far, measured or logged
+        self.interplay_s = 0.0  # seconds measuring them
         # While measure_all runs: its graph and every value it computes (runner.intermediate_values),
         # computed when the first candidate needs them (``_graph_values``).
         self._values: tuple[object, dict] = (None, {})
@@ -144,6 +147,36 @@ class Measurer:
 
     def _transition_task(self, backend: str) -> TransitionTask:
         return TransitionTask.of(self.backends[backend], self.target, self.device.threads, self.timing)
+
+    def interplay_ms(self, a: str, b: str) -> float:
+        """What two libraries' kernels in one module cost beyond each alone (``transition.py``),
+        per pair of their calls, measured once per pair and device and logged. None for TVM,
+        which yields the cores as it waits, and none on a GPU, where the kernels replay in
+        CUDA graphs and no host threads share cores."""
+        if REFERENCE_BACKEND in (a, b) or a == b or is_cuda(self.target):
+            return 0.0
+        pair = tuple(sorted((a, b)))
+        if pair not in self._interplays:
+            key = self.interplay_key(*pair)
+            cost = self.log.get(key)
+            if cost is None:
+                started = time.perf_counter()
+                task = TransitionTask.of(self.backends[pair[0]], self.target, self.device.threads, self.timing,
+                                         beside=self.backends[pair[1]])  # fmt: skip
+                cost = self.log.put(key, self.runner.run(task).cost)
+                self.interplay_s += time.perf_counter() - started
+            self._interplays[pair] = cost.value_ms if cost.is_valid else 0.0
+        return self._interplays[pair]
+
+    def interplays(self) -> dict[tuple[str, str], float]:
+        """The interplays known so far (``interplay_ms``), by pair of libraries."""
+        return dict(self._interplays)
+
+    def interplay_key(self, a: str, b: str) -> LogKey:
+        """Where the interplay of ``a`` and ``b`` (in that order) is logged."""
+        first, second = self.backends[a], self.backends[b]
+        libraries = f"{self.libraries.get(a, first.library)} beside {self.libraries.get(b, second.library)}"
+        return LogKey(a, libraries, f"{INTERPLAY} with {b}", self.device.name, self.device.threads, FLOAT32, INTERPLAY)
 
     def _keep_transition(self, backend: str, cost: Cost) -> None:
         # A backend that runs none of the probes has no measured transition: it is charged none.

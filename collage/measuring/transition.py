@@ -12,10 +12,19 @@ what that chain costs beyond the same TVM ops alone and the probe's own time bac
 per round. ``tvm`` partitions are called by the VM directly: their transition is zero.
 On CUDA the chain is compiled as an assembled module is (``build.compile_module``): with
 CUDA graphs where the backend is graph-safe, whose replays call no Python at all.
+
+Two libraries in one module also slow each other wherever their calls fall: on 2 cores,
+PyTorch's OpenMP workers spinning after MKL's products kept the cores from OpenVINO's threads
+(stop 61, ``experiments.library_interplay``). That *interplay* is a cost of the pair, not of a
+boundary: a chain of rounds [TVM ops, A's kernel, TVM ops, B's kernel], each round's kernels
+distinct compiles as a model's partitions are, costs beyond chains of A's alone and B's alone
+(less TVM's ops, counted twice), per round. It is timed as means over blocks of calls: the
+stalls hit a few calls each, which a median of single calls would hide.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +44,8 @@ CALLS = 8
 # TVM ops between two probe calls: about 0.1 ms of other work, as between two partitions of
 # a model, long enough for a library's idle threads to stop spinning.
 GAP_OPS = 16
+# An interplay sample is the mean of calls filling this long: a few calls each stall.
+INTERPLAY_BLOCK_MS = 20.0
 
 
 def probes() -> list[relax.Function]:
@@ -72,14 +83,19 @@ class TransitionTask:
     threads: int
     timing: Timing
     tries: tuple[tuple[int, str], ...]
+    # With another backend's task, what is measured is the two's interplay instead (``interplay``).
+    beside: TransitionTask | None = None
 
     @classmethod
-    def of(cls, backend, target: str, threads: int, timing: Timing) -> TransitionTask:
+    def of(cls, backend, target: str, threads: int, timing: Timing, beside=None) -> TransitionTask:
+        """The task measuring ``backend``'s transition, or with ``beside`` (another Backend
+        record) the interplay of the two."""
         tries = []
         for k, probe in enumerate(probes()):
             graph = DataflowGraph(probe)
             tries += [(k, c.pattern) for c in generate(graph, [backend]) if len(c.subgraph) == len(graph)]
-        return cls(backend, target, threads, timing, tuple(tries))
+        other = None if beside is None else cls.of(beside, target, threads, timing)
+        return cls(backend, target, threads, timing, tuple(tries), other)
 
     def compiles(self) -> list[tuple[relax.Function, str]]:
         """The sub-graphs compiled to measure the transition, with their patterns, in the
@@ -92,17 +108,40 @@ class TransitionTask:
                 for graph, (_, pattern) in zip(graphs, self.tries)]  # fmt: skip
 
     def measure(self) -> Cost:
-        """The transition into the backend, in ms per boundary; invalid when it runs none of
-        the probes."""
+        """The transition into the backend, in ms per boundary, or with ``beside`` the two
+        backends' interplay, in ms per pair of calls; invalid when a backend runs none of the
+        probes."""
+        if self.beside is not None:
+            return self._interplay()
+        kernels, func = self.probe_kernels(1)
+        if kernels is None:
+            return Cost.invalid(func)
+        try:
+            return _measure(kernels[0], func, self.target, self.timing, self.backend)
+        except Exception as err:  # a backend that fails here pays no transition, never raises  # noqa: BLE001
+            return Cost.invalid(f"transition probe failed: {type(err).__name__}: {first_line(err)}")
+
+    def probe_kernels(self, count: int, beside_spinning: bool = False):
+        """``count`` kernels of the first probe the backend compiles, and that probe; or None
+        and why not."""
         for func, pattern in self.compiles():
-            kernel, reason = compile_kernel(self.backend, func, pattern, self.target, self.threads)
-            if reason is not None:  # this probe is not for this backend; try the next
-                continue
-            try:
-                return _measure(kernel, func, self.target, self.timing, self.backend)
-            except Exception as err:  # a backend that fails here pays no transition, never raises  # noqa: BLE001
-                return Cost.invalid(f"transition probe failed: {type(err).__name__}: {first_line(err)}")
-        return Cost.invalid(f"{self.backend.name} runs none of the transition probes")
+            made = [compile_kernel(self.backend, func, pattern, self.target, self.threads, beside_spinning=beside_spinning)
+                    for _ in range(count)]  # fmt: skip
+            if all(reason is None for _, reason in made):
+                return [kernel for kernel, _ in made], func
+        return None, f"{self.backend.name} runs none of the transition probes"
+
+    def _interplay(self) -> Cost:
+        a, b = self.backend, self.beside.backend
+        # Each compiled as the assembly compiles it beside the other (``assemble.beside_spinning``).
+        mine, my_probe = self.probe_kernels(CALLS, b.spins_after_calls)
+        theirs, their_probe = self.beside.probe_kernels(CALLS, a.spins_after_calls)
+        if mine is None or theirs is None:
+            return Cost.invalid(my_probe if mine is None else their_probe)
+        try:
+            return _interplay(mine, my_probe, a, theirs, their_probe, b, self.target, self.timing)
+        except Exception as err:  # noqa: BLE001 -- a pair that fails here is charged nothing
+            return Cost.invalid(f"interplay probe failed: {type(err).__name__}: {first_line(err)}")
 
 
 def measure_transition(backend, target: str, threads: int, timing: Timing) -> Cost:
@@ -110,30 +149,35 @@ def measure_transition(backend, target: str, threads: int, timing: Timing) -> Co
     return TransitionTask.of(backend, target, threads, timing).measure()
 
 
+def chain_call(streams: list[relax.Function], steps: list[tuple[int, str | None]], target: str, callees: dict):
+    """A call of a module running ``steps`` on the VM: each step, GAP_OPS TVM ops on the value
+    of its stream, then the kernel it names (registered, in ``callees`` with its backend) on
+    it. A stream per probe function, of its input, so that kernels of different shapes share
+    a chain."""
+    xs = [relax.Var(f"x{k}", probe.params[0].ty) for k, probe in enumerate(streams)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", xs):
+        with bb.dataflow():
+            values = list(xs)
+            for k, callee in steps:
+                for _ in range(GAP_OPS):
+                    values[k] = bb.emit(relax.op.multiply(values[k], relax.const(0.5, "float32")))
+                if callee is not None:
+                    values[k] = bb.emit(relax.call_dps_packed(callee, relax.Tuple([values[k]]), out_ty=xs[k].ty))
+            out = bb.emit_output(values[0] if len(values) == 1 else relax.Tuple(values))
+        bb.emit_func_output(out)
+    vm = build_vm(bb.get(), target, callees)
+    device = device_for(target)
+    args = [to_tensors(random_inputs(probe), device)[0] for probe in streams]
+    return synchronized(lambda: vm["main"](*args), target)
+
+
 def _measure(kernel, probe: relax.Function, target: str, timing: Timing, backend) -> Cost:
     name = "collage.transition.probe"
     tvm.register_global_func(name, kernel, override=True)
-    ty = probe.params[0].ty
-
-    def chain(with_probe: bool):
-        x = relax.Var("x", ty)
-        bb = relax.BlockBuilder()
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                v = x
-                for _ in range(CALLS):
-                    for _ in range(GAP_OPS):
-                        v = bb.emit(relax.op.multiply(v, relax.const(0.5, "float32")))
-                    if with_probe:
-                        v = bb.emit(relax.call_dps_packed(name, relax.Tuple([v]), out_ty=ty))
-                out = bb.emit_output(v)
-            bb.emit_func_output(out)
-        vm = build_vm(bb.get(), target, {name: backend})
-        arg = to_tensors(random_inputs(probe), device)[0]
-        return synchronized(lambda: vm["main"](arg), target)
-
+    with_probe = chain_call([probe], [(0, name)] * CALLS, target, {name: backend})
+    without = chain_call([probe], [(0, None)] * CALLS, target, {})
     device = device_for(target)
-    with_probe, without = chain(True), chain(False)
     inputs, outputs = to_tensors(random_inputs(probe), device), empty_outputs(probe, device)
     alone = synchronized(lambda: kernel(*inputs, *outputs), target)
     # Interleaved, so a change of load on the machine hits all three alike.
@@ -144,5 +188,32 @@ def _measure(kernel, probe: relax.Function, target: str, timing: Timing, backend
         kernel_ms = time_call(alone, timing).value_ms
         deltas.append((chained - plain) / CALLS - kernel_ms)
     tvm_ffi.remove_global_func(name)
+    median, spread = median_and_iqr(deltas)
+    return Cost.of(max(median, 0.0), spread=spread, samples=len(deltas))
+
+
+def _interplay(mine, my_probe, a, theirs, their_probe, b, target: str, timing: Timing) -> Cost:
+    """What rounds of [A's kernel, B's kernel] cost beyond A's and B's rounds alone, per round."""
+    names = [[f"collage.interplay.{side}.{k}" for k in range(CALLS)] for side in ("a", "b")]
+    for side, kernels in zip(names, (mine, theirs)):
+        for name, kernel in zip(side, kernels):
+            tvm.register_global_func(name, kernel, override=True)
+    callees = {name: a for name in names[0]} | {name: b for name in names[1]}
+
+    def chain(with_a: bool, with_b: bool):
+        steps = [step for k in range(CALLS)
+                 for step in ((0, names[0][k] if with_a else None), (1, names[1][k] if with_b else None))]  # fmt: skip
+        return chain_call([my_probe, their_probe], steps, target, callees)
+
+    chains = {(x, y): chain(x, y) for x in (False, True) for y in (False, True)}
+    # As many samples a chain as rounds ask: each takes a block, and the rounds' spread is the spread.
+    blocks = dataclasses.replace(timing, min_sample_ms=max(timing.min_sample_ms, INTERPLAY_BLOCK_MS),
+                                 max_samples=timing.min_samples)  # fmt: skip
+    deltas = []
+    for _ in range(timing.min_samples):  # interleaved, as the transition's
+        ms = {uses: time_call(call, blocks).value_ms for uses, call in chains.items()}
+        deltas.append((ms[True, True] - ms[True, False] - ms[False, True] + ms[False, False]) / CALLS)
+    for name in names[0] + names[1]:
+        tvm_ffi.remove_global_func(name)
     median, spread = median_and_iqr(deltas)
     return Cost.of(max(median, 0.0), spread=spread, samples=len(deltas))

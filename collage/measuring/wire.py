@@ -99,6 +99,8 @@ def encode(work: MeasureTask | TransitionTask | list[MeasureTask], known: set[st
     elif isinstance(work, TransitionTask):
         header = {"transition": {"backend": work.backend.name, "target": work.target, "tries": work.tries,
                                  "timing": dataclasses.asdict(work.timing)}}  # fmt: skip
+        if work.beside is not None:
+            header["transition"]["beside"] = {"backend": work.beside.backend.name, "tries": work.beside.tries}
     else:
         header = {"task": _task_header(work, "", arrays)}
     return pack(header, arrays, known)
@@ -114,8 +116,13 @@ def decode(data: bytes, backends, threads: int, store: ArrayStore | None = None)
         return [_task(h, arrays, backends, threads, f"{k}.") for k, h in enumerate(header["batch"])]
     if "transition" in header:
         t = header["transition"]
-        tries = tuple((k, pattern) for k, pattern in t["tries"])
-        return TransitionTask(backends[t["backend"]], t["target"], threads, Timing(**t["timing"]), tries)
+
+        def task(backend: str, tries: list, beside=None) -> TransitionTask:
+            tries = tuple((k, pattern) for k, pattern in tries)
+            return TransitionTask(backends[backend], t["target"], threads, Timing(**t["timing"]), tries, beside)
+
+        other = t.get("beside")
+        return task(t["backend"], t["tries"], None if other is None else task(other["backend"], other["tries"]))
     return _task(header["task"], arrays, backends, threads)
 
 

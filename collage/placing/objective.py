@@ -86,3 +86,6 @@ class WeightedCosts:
 
     def transition_ms(self, backend: str) -> float:
         return self.objective.time * self.costs.transition_ms(backend) / self.reference[0]
+
+    def interplay_ms(self, a: str, b: str) -> float:
+        return self.objective.time * self.costs.interplay_ms(a, b) / self.reference[0]

@@ -3,7 +3,8 @@
 A placement is a set of disjoint candidates covering every node, in an order in which each
 partition runs after the partitions it reads from. Its estimated cost is the sum of its
 candidates' costs plus a transition cost for each partition (what entering that backend
-costs), as in the Collage paper's additive model (Eq. 2).
+costs), as in the Collage paper's additive model (Eq. 2), plus, where two libraries slow each
+other by sharing the cores, a share of that for each of their partitions (``_sharing_cores``).
 
 The search is the paper's frontier DP (Algorithm 1), exact under that model. A state is the
 set of nodes placed so far, always closed under producers (every producer of a placed node is
@@ -59,7 +60,9 @@ class Partition:
 
     candidate: Candidate
     cost: Cost  # the candidate's measured cost
-    transition_ms: float = 0.0  # what entering its backend costs, paid once
+    # What entering its backend costs, paid once, with its share of its library's interplay
+    # with the placement's other libraries (``_sharing_cores``).
+    transition_ms: float = 0.0
 
     @property
     def backend(self) -> str:
@@ -118,14 +121,20 @@ def place(
     transition_ms: Callable[[str], float] = lambda backend: 0.0,
     max_states: int = 100_000,
     beam: int = 1_000,
+    interplay_ms: Callable[[str, str], float] | None = None,
 ) -> Placement:
     """The cheapest placement of ``graph`` over ``candidates`` under ``costs``.
 
     ``costs`` must know every candidate's cost (invalid ones are left out); ``transition_ms``
     gives each backend's entry cost. Past ``max_states`` states, each state is expanded at its
-    lowest unplaced node only, ``beam`` states per node (see the module's docstring). Raises
-    ``PlacementError`` when some node has no usable candidate.
+    lowest unplaced node only, ``beam`` states per node (see the module's docstring). With
+    ``interplay_ms`` (two backends' names -> ms per pair of their calls), libraries that slow
+    each other in one module pay for it (``_sharing_cores``). Raises ``PlacementError`` when
+    some node has no usable candidate.
     """
+    candidates = list(candidates)
+    if interplay_ms is not None:
+        return _sharing_cores(graph, candidates, costs, transition_ms, interplay_ms, max_states, beam)
     usable = _usable(candidates, costs, transition_ms)
     _check_coverage(graph, usable)
     steps = _Steps.of(graph, usable)
@@ -133,6 +142,53 @@ def place(
         return _search(graph, steps, max_states)
     except _TooManyStates:
         return _lowest_node_search(graph, steps, beam)
+
+
+def _sharing_cores(graph, candidates, costs, transition_ms, interplay_ms, max_states, beam) -> Placement:
+    """The cheapest placement where libraries sharing the cores slow each other.
+
+    Two libraries' interplay is paid wherever their calls fall (``measuring.transition``), so
+    it depends on which libraries the whole placement uses, not on a partition's neighbours,
+    and the DP cannot price it step by step. It searches once per set of the interplaying
+    libraries that a placement may use instead, each partition of a library in the set paying
+    half of its interplay with each other library in it (a pair of calls is one of each).
+    Interplays are measured as needed: a pair not measured yet counts as none, so each
+    search's best is a lower bound; while that best uses a pair not measured, the pair is
+    measured and the search repeated, and a best whose pairs are all measured is the cheapest.
+    """
+    libraries = sorted({c.backend for c in candidates} - {REFERENCE_BACKEND})
+    known: dict[frozenset[str], float] = {}
+    while True:
+        best = None
+        for k, (allowed, share) in enumerate(_library_sets(libraries, known)):
+            kept = [c for c in candidates if c.backend == REFERENCE_BACKEND or c.backend in allowed]
+            try:
+                found = place(graph, kept, costs, lambda b, share=share: transition_ms(b) + share.get(b, 0.0),
+                              max_states, beam)  # fmt: skip
+            except PlacementError:
+                if k == 0:  # every library allowed: nothing covers the graph
+                    raise
+                continue  # some operator only a library left out runs
+            if best is None or found.estimated_ms < best.estimated_ms:
+                best = found
+        used = sorted({p.backend for p in best} - {REFERENCE_BACKEND})
+        missing = [frozenset(pair) for pair in itertools.combinations(used, 2) if frozenset(pair) not in known]
+        if not missing:
+            return best
+        for pair in missing:
+            known[pair] = interplay_ms(*sorted(pair))
+
+
+def _library_sets(libraries: list[str], known: dict[frozenset[str], float]):
+    """(the libraries a placement may use, what each of their partitions pays beyond its
+    transition) for each subset of the libraries with a known interplay, all of them first;
+    the other libraries are always allowed and pay nothing more."""
+    interplaying = sorted({name for pair, ms in known.items() if ms > 0 for name in pair})
+    others = {name for name in libraries if name not in interplaying}
+    for size in range(len(interplaying), -1, -1):
+        for chosen in itertools.combinations(interplaying, size):
+            share = {b: sum(known.get(frozenset((a, b)), 0.0) for a in chosen if a != b) / 2 for b in chosen}
+            yield others | set(chosen), share
 
 
 class _TooManyStates(Exception):
