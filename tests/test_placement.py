@@ -349,6 +349,9 @@ def test_libraries_that_slow_each_other_are_mixed_only_where_it_still_pays():
     table[("lib", (0, 1))] = 1.5
     table[("engine", (2, 3))] = 1.2
     candidates, prices = priced(g, table)
+    none = _Interplay({})  # as on a GPU: asked once, nothing charged
+    p = place(g, candidates, prices, interplay_ms=none)
+    assert p.estimated_ms == pytest.approx(2.7) and none.asked == [("engine", "lib")]
     slight = _Interplay({frozenset(("lib", "engine")): 0.2})  # 0.1 for each of the two partitions
     p = place(g, candidates, prices, interplay_ms=slight)
     assert chosen(p) == {("lib", frozenset({0, 1})), ("engine", frozenset({2, 3}))}

@@ -177,6 +177,8 @@ def _sharing_cores(graph, candidates, costs, transition_ms, interplay_ms, max_st
             return best
         for pair in missing:
             known[pair] = interplay_ms(*sorted(pair))
+        if all(known[pair] <= 0 for pair in missing):  # the same sets and prices: the same best
+            return best
 
 
 def _library_sets(libraries: list[str], known: dict[frozenset[str], float]):
