@@ -169,12 +169,16 @@ def mlp_optimized(tmp_path_factory):
     return w, opt
 
 
-def _spinning_stops(kernel) -> bool:
-    options = kernel.session.get_session_options()
+def _config(kernel, entry: str) -> str | None:
+    """An ONNX Runtime kernel's session setting ``entry``; None where never set (its default)."""
     try:
-        return options.get_session_config_entry("session.force_spinning_stop") == "1"
-    except RuntimeError:  # never set: ONNX Runtime's default, spinning
-        return False
+        return kernel.session.get_session_options().get_session_config_entry(entry)
+    except RuntimeError:
+        return None
+
+
+def _spinning_stops(kernel) -> bool:
+    return _config(kernel, "session.force_spinning_stop") == "1"  # never set: ONNX Runtime's default, spinning
 
 
 def test_onnxruntime_alone_keeps_its_threads_spinning_and_among_others_stops_them(tmp_path):
@@ -185,13 +189,6 @@ def test_onnxruntime_alone_keeps_its_threads_spinning_and_among_others_stops_the
     alone = onnxruntime.compile_onnx(onnxruntime.to_onnx(func), "llvm", 2, alone=True)
     among = onnxruntime.BACKEND.compile(func, "onnxruntime.fused", "llvm", 2)
     assert not _spinning_stops(alone) and _spinning_stops(among)
-
-
-def _config(kernel, entry: str) -> str | None:
-    try:
-        return kernel.session.get_session_options().get_session_config_entry(entry)
-    except RuntimeError:  # never set
-        return None
 
 
 def test_an_engine_beside_a_library_whose_threads_spin_never_lets_its_own_spin():

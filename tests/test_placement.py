@@ -159,21 +159,21 @@ def test_state_cap_switches_to_the_lowest_frontier_search():
 # -- brute force --
 
 
-def brute_force(graph, candidates, prices, transition):
-    """The cheapest set of disjoint candidates covering the graph that runs in some order."""
+def _every_placement(graph, candidates, prices):
+    """Every set of disjoint usable candidates covering the graph that runs in some order."""
     usable = [c for c in candidates if prices.cost(c).is_valid]
-    best = None
     everything = frozenset(range(len(graph)))
     for k in range(1, len(graph) + 1):
         for combo in itertools.combinations(usable, k):
             nodes = [c.subgraph.nodes for c in combo]
-            if sum(map(len, nodes)) != len(everything) or frozenset().union(*nodes) != everything:
-                continue
-            if not _runs(combo):
-                continue
-            total = sum(prices.cost(c).value_ms + transition(c.backend) for c in combo)
-            best = total if best is None else min(best, total)
-    return best
+            if sum(map(len, nodes)) == len(everything) and frozenset().union(*nodes) == everything and _runs(combo):
+                yield combo
+
+
+def brute_force(graph, candidates, prices, transition):
+    """The cheapest set of disjoint candidates covering the graph that runs in some order."""
+    return min(sum(prices.cost(c).value_ms + transition(c.backend) for c in combo)
+               for combo in _every_placement(graph, candidates, prices))  # fmt: skip
 
 
 def _runs(combo) -> bool:
@@ -376,19 +376,14 @@ def test_a_placement_of_one_library_asks_for_no_interplay():
 def _brute_force_sharing(graph, candidates, prices, interplay):
     """The cheapest placement, each library's partition paying half its interplay with each
     other library the placement uses."""
-    usable = [c for c in candidates if prices.cost(c).is_valid]
-    best, everything = None, frozenset(range(len(graph)))
-    for k in range(1, len(graph) + 1):
-        for combo in itertools.combinations(usable, k):
-            nodes = [c.subgraph.nodes for c in combo]
-            if sum(map(len, nodes)) != len(everything) or frozenset().union(*nodes) != everything or not _runs(combo):
-                continue
-            libraries = {c.backend for c in combo} - {"tvm"}
-            total = sum(prices.cost(c).value_ms for c in combo)
-            total += sum(interplay.table.get(frozenset((c.backend, other)), 0.0) / 2
-                         for c in combo for other in libraries if other != c.backend)  # fmt: skip
-            best = total if best is None else min(best, total)
-    return best
+
+    def total(combo) -> float:
+        libraries = {c.backend for c in combo} - {"tvm"}
+        return sum(prices.cost(c).value_ms for c in combo) + sum(
+            interplay.table.get(frozenset((c.backend, other)), 0.0) / 2
+            for c in combo for other in libraries if other != c.backend)  # fmt: skip
+
+    return min(total(combo) for combo in _every_placement(graph, candidates, prices))
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -278,8 +278,8 @@ def runs_alone(part: Partition, partitions) -> bool:
 def beside_spinning(part: Partition, partitions, backends: BackendSet) -> bool:
     """Whether another library's kernel in the placement leaves its threads spinning after
     its calls (``Backend.spins_after_calls``), where ``part``'s threads would find no core."""
-    return any(p.backend != part.backend and p.backend in backends.names() and backends[p.backend].spins_after_calls
-               for p in partitions)  # fmt: skip
+    spinning = {b.name for b in backends if b.spins_after_calls} - {part.backend}
+    return any(p.backend in spinning for p in partitions)
 
 
 def _compile(part: Partition, backends: BackendSet, target: str, threads: int, compiled: dict | None, alone: bool,

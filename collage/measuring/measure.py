@@ -138,12 +138,13 @@ class Measurer:
         if backend == REFERENCE_BACKEND:
             return 0.0
         if backend not in self._transitions:
-            key = self.transition_key(backend)
-            cost = self.log.get(key)
-            if cost is None:
-                cost = self.log.put(key, self.runner.run(self._transition_task(backend)).cost)
-            self._keep_transition(backend, cost)
+            self._keep_transition(backend, self._logged(self.transition_key(backend), lambda: self._transition_task(backend)))
         return self._transitions[backend]
+
+    def _logged(self, key: LogKey, task: Callable[[], TransitionTask]) -> Cost:
+        """The cost the log holds under ``key``, else ``task()``'s, measured on the runner and logged."""
+        cost = self.log.get(key)
+        return cost if cost is not None else self.log.put(key, self.runner.run(task()).cost)
 
     def _transition_task(self, backend: str) -> TransitionTask:
         return TransitionTask.of(self.backends[backend], self.target, self.device.threads, self.timing)
@@ -157,14 +158,10 @@ class Measurer:
             return 0.0
         pair = tuple(sorted((a, b)))
         if pair not in self._interplays:
-            key = self.interplay_key(*pair)
-            cost = self.log.get(key)
-            if cost is None:
-                started = time.perf_counter()
-                task = TransitionTask.of(self.backends[pair[0]], self.target, self.device.threads, self.timing,
-                                         beside=self.backends[pair[1]])  # fmt: skip
-                cost = self.log.put(key, self.runner.run(task).cost)
-                self.interplay_s += time.perf_counter() - started
+            started = time.perf_counter()
+            cost = self._logged(self.interplay_key(*pair), lambda: TransitionTask.of(
+                self.backends[pair[0]], self.target, self.device.threads, self.timing, beside=self.backends[pair[1]]))
+            self.interplay_s += time.perf_counter() - started  # a log's read is no time at all
             self._interplays[pair] = cost.value_ms if cost.is_valid else 0.0
         return self._interplays[pair]
 
