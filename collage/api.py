@@ -215,6 +215,10 @@ def optimize_with(
     record.compiling_by_backend = dict(measurer.compile_s_by_backend)
     record.skipped, record.timed_out = dict(Counter(measurer.skipped.values())), measurer.timed_out
     record.timed_once = measurer.timed_once
+    if measurer.flushes_cache(graph):
+        record.cache_flushed = (f"the model's weights and inputs ({graph.input_bytes / 1e6:.0f} MB) exceed the GPU's "
+                                f"{measurer.cache_bytes / 1e6:.0f} MB cache, which each candidate then found flushed "
+                                "before each call, as inside the model")  # fmt: skip
     record.distinct = len({measurer.key(c) for c in candidates})
     seconds.measure = time.perf_counter() - t
 

@@ -112,6 +112,7 @@ class RunRecord:
     values_s: float = 0.0  # seconds computing the model's values (the candidates' inputs and references)
     interplays: dict[str, float] = field(default_factory=dict)  # "a and b" -> ms a pair of calls, as the DP priced them
     interplay_s: float = 0.0  # seconds measuring those not logged, while placing
+    cache_flushed: str | None = None  # on a GPU: why each candidate was timed after its cache was flushed
     assembled_s: dict[str, float] = field(default_factory=dict)  # finalist, or a step of assembling -> its seconds
     skipped: dict[str, int] = field(default_factory=dict)  # search-bound rule -> candidates not measured
     timed_out: int = 0  # candidates that overran the runner's deadline: not logged, measured again next time

@@ -5,7 +5,7 @@
 #      user's module to the GPU, ae1bb42), a cuDNN kernel captured without running cuDNN's
 #      benchmark, the cuDNN kernels against TVM, and TVM's CUDA graphs with library kernels
 #      replayed right (stop 59: the kernels reading main's input or writing its result now
-#      inside the graph, behind copies);
+#      inside the graph, behind copies), and a kernel timed with the cache flushed (stop 62);
 #   2. ResNet-50's op-level placement profiled kernel by kernel (experiments/gpu_op_level.py):
 #      in stop 58 its cuDNN convolutions ran on the heuristic's algorithm (an FFMA kernel of 32
 #      thread blocks, 163 us, for each stage-4 3x3 convolution) and 17-50% slower in the model
@@ -48,7 +48,7 @@ step() {
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/steps.txt"
 step gpu_tests python3 -m pytest -q -p no:logging tests/test_backend_gpu_libs.py tests/test_backend_inductor.py \
-    tests/test_cuda_graph.py -k "torch_module_on_the_gpu or captured_without or cudnn_kernels_match or replay"
+    tests/test_cuda_graph.py -k "torch_module_on_the_gpu or captured_without or cudnn_kernels_match or replay or timed_cold"
 step op_level python3 -m experiments.gpu_op_level --model resnet50 --out "$OUT" --cost-log /tmp/op-level.sqlite
 step op_level_reduced python3 -m experiments.gpu_op_level --model resnet50 --backends tvm cudnn cublas inductor \
     --accuracy 1e-2 --out "$OUT" --cost-log /tmp/op-level.sqlite

@@ -52,6 +52,18 @@ class Matmuls:
             out = (r, bm, ints)
             R.output(out)
         return out
+
+
+@I.ir_module
+class WideWeights:
+    @R.function
+    def main(x: R.Tensor((1, 2048, 7, 7), "float32"), w: R.Tensor((2048, 2048, 1, 1), "float32")):
+        with R.dataflow():
+            c = R.nn.conv2d(x, w)  # 0: 16 MB of weights, within a GPU's cache
+            d = R.add(w, w)        # 1: reads them and writes as much
+            out = (c, d)
+            R.output(out)
+        return out
 # fmt: on
 
 
@@ -172,6 +184,40 @@ def test_a_cudnn_kernel_is_captured_without_running_its_benchmark():
     recorded.replay()
     torch.cuda.synchronize()
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_kernel_timed_cold_reads_its_weights_from_memory_and_is_charged_nothing_else():
+    """Timed with the cache flushed before each call (``Timing.cache_flush_bytes``), as inside
+    a model whose weights exceed the cache, a kernel reading 16 MB of weights (which fit the
+    cache) takes longer than back to back: cuDNN's, replayed from a CUDA graph, and TVM's, its
+    VM launching on torch's stream. The flush itself is not charged: an empty launch is free."""
+    require_gpu(cudnn.BACKEND)
+    import tvm
+
+    from collage.candidates.backend import default_backends
+    from collage.measuring.arrays import empty_outputs, random_inputs, to_tensors
+    from collage.measuring.build import compile_kernel
+    from collage.measuring.cost import gpu_cache_bytes
+    from collage.measuring.timing import Timing, time_captured, time_flushed
+
+    warm, cold = Timing(), Timing(cache_flush_bytes=2 * gpu_cache_bytes())
+    graph = DataflowGraph.from_module(WideWeights)
+    conv = next(c for c in generate(graph, [cudnn.BACKEND]) if c.subgraph.nodes == {0})
+    add = next(c for c in generate(graph, [default_backends()["tvm"]]) if c.subgraph.nodes == {1})
+    ms = {}
+    for candidate in (conv, add):
+        func = candidate.subgraph.extract()
+        backend = cudnn.BACKEND if candidate is conv else default_backends()["tvm"]
+        kernel, reason = compile_kernel(backend, func, candidate.pattern, "cuda", 0)
+        assert reason is None
+        inputs, outputs = to_tensors(random_inputs(func), tvm.cuda()), empty_outputs(func, tvm.cuda())
+        if candidate is conv:
+            call = lambda: kernel(*inputs, *outputs)  # noqa: E731
+            ms[backend.name] = [time_captured(call, timing).value_ms for timing in (warm, cold)]
+        else:
+            ms[backend.name] = [kernel.time_ms(inputs, timing).value_ms for timing in (warm, cold)]
+    assert all(back_to_back < flushed for back_to_back, flushed in ms.values()), ms
+    assert time_flushed(lambda: None, cold).value_ms < 0.01
 
 
 @pytest.mark.parametrize("backend, model", [(cudnn.BACKEND, "resnet50"), (cublas.BACKEND, "bert")], ids=["cudnn", "cublas"])

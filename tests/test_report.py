@@ -44,6 +44,12 @@ def test_a_cuda_module_without_graphs_says_why():
     assert "CUDA graphs" not in report(RunRecord())
 
 
+def test_candidates_timed_with_the_gpus_cache_flushed_say_why():
+    why = "the model's weights and inputs (102 MB) exceed the GPU's 52 MB cache, which each candidate then found flushed"
+    assert f"candidates timed cold: {why}" in report(RunRecord(candidates=3, distinct=3, cache_flushed=why))
+    assert "timed cold" not in report(RunRecord(candidates=3, distinct=3))
+
+
 def test_the_compile_pool_says_what_its_slowest_compile_took_and_had():
     record = RunRecord(candidates=821, distinct=67, measured=67, seconds=StageSeconds(measure=182.2),
                        measuring_by_backend={"inductor": 56.6},

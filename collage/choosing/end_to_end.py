@@ -89,7 +89,7 @@ class EndToEnd:
     def key(self, partitions: Sequence[Partition]) -> PlacementKey:
         used = sorted({p.backend for p in partitions})
         libraries = ";".join(f"{b}={self.backends[b].library}" for b in used)
-        return PlacementKey(self.model, placement_name(partitions), self.device.name, self.device.threads, libraries)
+        return PlacementKey(self.model, placement_name(partitions), self.device.logged_as, self.device.threads, libraries)
 
     def build(self, partitions: Sequence[Partition], fresh: bool = False) -> tuple[Assembly, relax.VirtualMachine]:
         """The assembled module and its VM; raises ``PartitionFailed`` as ``assemble`` does.

@@ -250,6 +250,8 @@ def format_report(opt) -> str:
         )
         if (measuring := measuring_text(r)) is not None:
             lines.append(measuring)
+        if r.cache_flushed:
+            lines.append(f"candidates timed cold: {r.cache_flushed}")
         if r.interplays:
             pairs = ", ".join(f"{pair} {ms:.3f} ms" for pair, ms in r.interplays.items())
             measured = f", measured now in {r.interplay_s:.1f} s" if r.interplay_s >= 0.05 else ", from the cost log"

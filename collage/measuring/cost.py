@@ -155,14 +155,21 @@ class CostSource(Protocol):
 
 @dataclass(frozen=True)
 class Device:
-    """Where costs were measured: the CPU model or GPU name, and the thread count used.
+    """Where costs were measured: the CPU model or GPU name, the thread count used, and
+    whether each call found the device's cache flushed (``Timing.cache_flush_bytes``).
 
-    Costs from different devices or thread counts are different measurements and are kept
-    apart in the cost log.
+    Costs from different devices, thread counts or cache states are different measurements
+    and are kept apart in the cost log (``logged_as``).
     """
 
     name: str
     threads: int
+    cache_flushed: bool = False
+
+    @property
+    def logged_as(self) -> str:
+        """The cost log's device column: the name, and the cache state where it was flushed."""
+        return f"{self.name}, cache flushed before each call" if self.cache_flushed else self.name
 
     def __post_init__(self):
         if not self.name:
@@ -180,7 +187,7 @@ class Device:
         raise ValueError(f"unknown target {target!r}; known: 'llvm', 'cuda'")
 
     def __str__(self):
-        return f"{self.name}, {self.threads} thread{'s' if self.threads != 1 else ''}"
+        return f"{self.logged_as}, {self.threads} thread{'s' if self.threads != 1 else ''}"
 
 
 # The instruction-set extensions that decide which library is fastest at f32 and below.
@@ -227,3 +234,10 @@ def _gpu_name() -> str:
     if not gpu.exist:
         raise RuntimeError("target 'cuda' asked for, but TVM sees no CUDA GPU on this machine")
     return gpu.device_name
+
+
+def gpu_cache_bytes() -> int:
+    """The first CUDA GPU's L2 cache, in bytes (0 where TVM reports none)."""
+    import tvm
+
+    return int(tvm.cuda(0).l2_cache_size_bytes or 0)

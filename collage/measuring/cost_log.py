@@ -119,7 +119,7 @@ class LogKey:
             backend=backend.name,
             library=backend.library if library is None else library,
             key=candidate.subgraph.structural_key,
-            device=device.name,
+            device=device.logged_as,
             threads=device.threads,
             precision=precision,
             pattern=candidate.pattern,

@@ -35,7 +35,7 @@ import tvm_ffi
 from ..candidates.backend import REFERENCE_BACKEND, BackendSet
 from ..candidates.generate import Candidate
 from ..candidates.precision import FLOAT32, MEASURED_ONLY_AFTER, short
-from .cost import Cost, Device
+from .cost import Cost, Device, gpu_cache_bytes
 from .cost_log import CostLog, LogKey
 from .runner import MeasureResult, MeasureRunner, MeasureTask
 from .isolation import shared_worker
@@ -92,6 +92,10 @@ class Measurer:
         fleet = getattr(config.runner, "fleet", None)
         self.device = fleet.device if fleet is not None else Device.this_machine(config.threads, config.target)
         self.libraries = fleet.libraries if fleet is not None else {}
+        # A local GPU's cache, flushed before each timed call of a candidate from a model whose
+        # weights exceed it (``measured_on``). Not with a meter (a call's energy would count the
+        # flushes), nor on a fleet, whose GPUs' caches this machine does not know.
+        self.cache_bytes = gpu_cache_bytes() if is_cuda(self.target) and fleet is None and meter is None else 0
         self.runner = config.runner if config.runner is not None else shared_worker(self.device.threads)
         self.meter = meter  # with a meter, every cost has the energy of a call too
         self.measured = 0
@@ -173,7 +177,7 @@ class Measurer:
         """Where the interplay of ``a`` and ``b`` (in that order) is logged."""
         first, second = self.backends[a], self.backends[b]
         libraries = f"{self.libraries.get(a, first.library)} beside {self.libraries.get(b, second.library)}"
-        return LogKey(a, libraries, f"{INTERPLAY} with {b}", self.device.name, self.device.threads, FLOAT32, INTERPLAY)
+        return LogKey(a, libraries, f"{INTERPLAY} with {b}", self.device.logged_as, self.device.threads, FLOAT32, INTERPLAY)
 
     def _keep_transition(self, backend: str, cost: Cost) -> None:
         # A backend that runs none of the probes has no measured transition: it is charged none.
@@ -186,14 +190,26 @@ class Measurer:
 
     def key(self, candidate: Candidate) -> LogKey:
         backend = self.backends[candidate.backend]
-        return LogKey.of(candidate, backend, self.device, candidate.precision, self.libraries.get(backend.name))
+        return LogKey.of(candidate, backend, self.measured_on(candidate), candidate.precision, self.libraries.get(backend.name))
+
+    def measured_on(self, candidate: Candidate) -> Device:
+        """This machine's device as ``candidate`` is timed on it (``flushes_cache``)."""
+        flushed = self.flushes_cache(candidate.subgraph.graph)
+        return dataclasses.replace(self.device, cache_flushed=True) if flushed else self.device
+
+    def flushes_cache(self, graph) -> bool:
+        """Whether the candidates of ``graph`` are timed with the GPU's cache flushed before
+        each call: where the model's weights (``DataflowGraph.input_bytes``) exceed that
+        cache, a kernel inside the model finds its own evicted by the kernels before it.
+        Else they are timed back to back."""
+        return 0 < self.cache_bytes < graph.input_bytes
 
     def transition_key(self, backend: str) -> LogKey:
         """Where ``backend``'s transition cost is logged."""
         b = self.backends[backend]
         # The transition probes run in float32.
         library = self.libraries.get(b.name, b.library)
-        return LogKey(b.name, library, TRANSITION, self.device.name, self.device.threads, FLOAT32, TRANSITION)
+        return LogKey(b.name, library, TRANSITION, self.device.logged_as, self.device.threads, FLOAT32, TRANSITION)
 
     def missing(self, candidates: Iterable[Candidate]) -> list[Candidate]:
         """The distinct candidates with no logged cost, the reference backend first for each
@@ -484,6 +500,9 @@ class Measurer:
         graph, values = self._graph_values()
         reduced = {} if candidate.precision == FLOAT32 else {"precision": candidate.precision, "rtol": self.accuracy}
         timing = self.timing if self.ceiling_ms is None else dataclasses.replace(self.timing, ceiling_ms=self.ceiling_ms)
+        if self.measured_on(candidate).cache_flushed:
+            # Twice the cache: written through, it leaves none of what the candidate reads.
+            timing = dataclasses.replace(timing, cache_flush_bytes=2 * self.cache_bytes)
         if candidate.subgraph.graph is not graph:
             return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed, timing,
                                self._references.get(tvm_ffi.structural_hash(func)), self.meter, **reduced)

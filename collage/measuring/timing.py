@@ -46,6 +46,12 @@ class Timing:
     # call, and timing each as the rest (ten calls and more) took half of its optimization on
     # a 2-core Xeon.
     ceiling_ms: float | None = None
+    # On a GPU, bytes written between timed calls so that each call finds the device's cache
+    # cold (``time_flushed``); 0: calls back to back, each finding what the last left. Set where
+    # a model's weights exceed the cache: replayed in the model, stage 4's 3x3 convolutions of
+    # ResNet-50 ran 50% over their cost measured back to back on an H200 (its 100 MB of weights
+    # pass through the 50 MB L2 once a call), stage 1's 17%.
+    cache_flush_bytes: int = 0
 
 
 # Twice the ceiling: a first call slower than the steady state by as much as that (a cold
@@ -132,11 +138,45 @@ def time_captured(call: Callable[[], None], timing: Timing = Timing(), meter: En
     first_ms = replay_ms(one)
     if (capped := over_ceiling(first_ms, timing, meter)) is not None:
         return capped
+    if timing.cache_flush_bytes:
+        return time_flushed(one.replay, timing, meter)
     once = min(first_ms, *(replay_ms(one) for _ in range(max(timing.warmup, 3) - 1)))
     number = max(1, min(MAX_CAPTURED_CALLS, math.ceil(timing.min_sample_ms / max(once, 1e-4))))
     graph = one if number == 1 else captured(number)
     replay_ms(graph)  # warm
     return sample_until_stable(lambda: replay_ms(graph) / number, timing, meter, calls_per_sample=number)
+
+
+# Flushes and calls per sample of ``time_flushed``: a sample's calls are enqueued together and
+# waited for once.
+FLUSHED_CALLS = 10
+
+
+def time_flushed(launch: Callable[[], None], timing: Timing, meter: EnergyMeter | None = None) -> Cost:
+    """Median and interquartile range, in ms, of one ``launch()`` on the GPU (a captured
+    graph's replay, or TVM's VM on torch's current stream), each found by the device's cache
+    cold: before each, ``timing.cache_flush_bytes`` are written (what triton's ``do_bench``
+    does). Each launch is timed between CUDA events enqueued around it alone, the flush outside
+    them; nothing waits for the device between launches, so the device is still writing the
+    flush (tens of us) while the host enqueues the launch, and the events hold the kernels'
+    time only, not the host's."""
+    import torch
+
+    scratch = torch.empty(timing.cache_flush_bytes, dtype=torch.uint8, device="cuda")
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(FLUSHED_CALLS)]
+
+    def sample() -> float:
+        for start, end in events:
+            scratch.zero_()
+            start.record()
+            launch()
+            end.record()
+        events[-1][1].synchronize()
+        return statistics.fmean(start.elapsed_time(end) for start, end in events)
+
+    for _ in range(max(timing.warmup, 1)):
+        launch()
+    return sample_until_stable(sample, timing, meter, calls_per_sample=FLUSHED_CALLS)
 
 
 def sample_until_stable(

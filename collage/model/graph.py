@@ -8,6 +8,7 @@ function for measuring, and once more at assembly.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import tvm
@@ -143,6 +144,17 @@ class DataflowGraph:
         return tuple(masks)
 
     @functools.cached_property
+    def input_bytes(self) -> int:
+        """Bytes of the graph's free inputs, its parameters and constants (a model's weights):
+        what one call reads at the least. Where that exceeds a GPU's cache, a kernel inside
+        the model finds its weights evicted by the kernels before it (``Timing.cache_flush_bytes``)."""
+        constants = {}
+        for node in self.nodes:
+            relax.analysis.post_order_visit(node.value, lambda e: constants.setdefault(e, None)
+                                            if isinstance(e, tvm.ir.GenericConst) else None)  # fmt: skip
+        return sum(_tensor_bytes(x.ty) for x in (*self.func.params, *constants))
+
+    @functools.cached_property
     def index_of_value(self) -> dict[relax.Expr, int]:
         return {node.value: node.index for node in self.nodes}
 
@@ -151,6 +163,19 @@ class DataflowGraph:
 
     def __repr__(self):
         return f"DataflowGraph({len(self.nodes)} nodes, outputs={sorted(self.outputs)})"
+
+
+def _tensor_bytes(ty) -> int:
+    """The bytes of a value of type ``ty``: a tensor's of static shape, a tuple's fields' summed;
+    0 for anything else (a shape, a tensor of symbolic shape)."""
+    if isinstance(ty, relax.TupleType):
+        return sum(_tensor_bytes(field) for field in ty.fields)
+    shape = getattr(ty, "shape", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(shape, relax.ShapeExpr):
+        return 0
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
+        return 0
+    return math.prod(int(d) for d in shape.values) * tvm.DataType(ty.dtype).bits // 8
 
 
 def global_vars(expr: relax.Expr) -> list[relax.GlobalVar]:
