@@ -47,7 +47,7 @@ def with_weights_bound(mod, names=None, seed: int = 0):
 def kernel_rows(log, backend: str) -> list:
     """``backend``'s rows of the cost log ``log`` less its transition's, which is measured and
     logged beside its candidates."""
-    return [r for r in log.rows(backend) if r.key != TRANSITION]
+    return [r for r in log.rows(backend) if r.pattern != TRANSITION]
 
 
 def zoo_candidates(name: str, backend, simplified: bool = False):

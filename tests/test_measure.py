@@ -441,6 +441,34 @@ def test_transition_cost_is_measured_per_backend_and_logged(tmp_path):
     assert m.transition_ms("numpy") == 0.0
 
 
+def test_the_transition_probe_enters_a_kernel_of_its_own_each_round(monkeypatch):
+    """As a model's partitions are distinct compiles (their own weights, their own ONNX Runtime
+    session), each round of the probe's chain calls a kernel of its own: one kernel called
+    round after round found its weights and threads as it had left them, and priced entering
+    a library under what a model pays for it."""
+    from collage.measuring import transition
+
+    calls: dict[int, int] = {}
+
+    def counted(*args, **kwargs):
+        kernel, reason = compile_kernel(*args, **kwargs)
+        if kernel is None:
+            return kernel, reason
+        calls[len(calls)] = 0
+
+        def call(*tensors, k=len(calls) - 1):
+            calls[k] += 1
+            kernel(*tensors)
+
+        return call, None
+
+    compile_kernel = transition.compile_kernel
+    monkeypatch.setattr(transition, "compile_kernel", counted)
+    cost = measure_transition(default_backends()["mkl"], "llvm", 1, FAST)
+    assert cost.is_valid and len(calls) == transition.CALLS
+    assert all(calls[k] > 0 and calls[k] == calls[1] for k in range(1, transition.CALLS)), calls  # the first is also timed alone
+
+
 def test_two_libraries_interplay_is_measured_once_per_pair_and_logged(tmp_path):
     """MKL's products and ONNX Runtime's convolutions, each eight kernels, in one module (in the
     measuring worker, as the candidates are): a cost per pair of calls, logged under the pair."""

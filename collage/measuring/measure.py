@@ -46,6 +46,9 @@ from .timing import Timing, over_ceiling
 from .transition import TransitionTask
 
 TRANSITION = "transition"  # the pattern name of the transition-cost row in the log
+# Its key: how the probe ran (``transition.py``), so that a row of an earlier probe (one kernel
+# called again after a few ops on a small tensor, stop 61) is measured again, not reused.
+TRANSITION_PROBE = "transition: distinct probe kernels, a sweep between"
 INTERPLAY = "interplay"  # and of a pair of libraries' interplay
 # Candidates compiled together (``Backend.compile_many``): large enough that setting up the
 # compiler is paid rarely, small enough that a batch that does not compile (each of its
@@ -209,7 +212,7 @@ class Measurer:
         b = self.backends[backend]
         # The transition probes run in float32.
         library = self.libraries.get(b.name, b.library)
-        return LogKey(b.name, library, TRANSITION, self.device.logged_as, self.device.threads, FLOAT32, TRANSITION)
+        return LogKey(b.name, library, TRANSITION_PROBE, self.device.logged_as, self.device.threads, FLOAT32, TRANSITION)
 
     def missing(self, candidates: Iterable[Candidate]) -> list[Candidate]:
         """The distinct candidates with no logged cost, the reference backend first for each

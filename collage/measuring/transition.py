@@ -6,10 +6,18 @@ after other kernels ran: its thread pool has gone to sleep and must be woken, it
 just written by someone else. That difference is paid at every boundary into the backend.
 
 It is measured, per backend, on a probe: a small shape-preserving sub-graph the backend can
-run (a 3x3 convolution with ReLU, else a matrix product). A chain of ``calls`` rounds of
-[a few TVM ops, then the probe through ``call_dps_packed``] runs on the VM; the transition is
-what that chain costs beyond the same TVM ops alone and the probe's own time back to back,
-per round. ``tvm`` partitions are called by the VM directly: their transition is zero.
+run (a 3x3 convolution with ReLU, else a matrix product). A chain of ``CALLS`` rounds of
+[TVM ops sweeping a few MB, then a probe kernel through ``call_dps_packed``] runs on the VM;
+the transition is what that chain costs beyond the same TVM ops alone and the probe's own
+time back to back, per round. Each round calls a probe kernel of its own (distinct compiles,
+as a model's partitions are: their own weights, their own ONNX Runtime session and thread
+pool), and the sweep between them leaves the core's cache to the TVM ops, as a model's
+kernels between two partitions do. One kernel called again after a few ops on a small tensor
+found its weights and its threads as it had left them: it priced entering ONNX Runtime at
+0.025 ms and OpenVINO at 0.034 (Zen 4, 2 threads), where inside SwiftFormer's op-level
+placement a call of each of its 24 ONNX Runtime kernels cost 0.05 ms more than its second,
+back-to-back call (stop 61); probed so, they were 0.032 and 0.048.
+``tvm`` partitions are called by the VM directly: their transition is zero.
 On CUDA the chain is compiled as an assembled module is (``build.compile_module``): with
 CUDA graphs where the backend is graph-safe, whose replays call no Python at all.
 
@@ -44,6 +52,9 @@ CALLS = 8
 # TVM ops between two probe calls: about 0.1 ms of other work, as between two partitions of
 # a model, long enough for a library's idle threads to stop spinning.
 GAP_OPS = 16
+# What the TVM ops between two probe calls sweep, besides the probe's own value: 256 KB, read
+# and written GAP_OPS times (4 MB, 0.15 ms on a Zen 4's two cores), more than a core's L2.
+SWEEP_SHAPE = (1, 16, 64, 64)
 # An interplay sample is the mean of calls filling this long: a few calls each stall.
 INTERPLAY_BLOCK_MS = 20.0
 
@@ -69,6 +80,18 @@ def probes() -> list[relax.Function]:
         return relax.op.matmul(x, relax.const(rng.standard_normal((256, 256)).astype("float32") * 0.05))
 
     return [build((1, 32, 28, 28), conv), build((64, 256), matmul)]
+
+
+def sweep() -> relax.Function:
+    """A function of one ``SWEEP_SHAPE`` tensor: a chain's stream for the TVM ops that stand
+    for a model's kernels between two partitions (``chain_call``)."""
+    x = relax.Var("x", relax.TensorType(SWEEP_SHAPE, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], {"global_symbol": "main"}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(out)
+    return bb.get()["main"]
 
 
 @dataclass(frozen=True)
@@ -113,11 +136,11 @@ class TransitionTask:
         probes."""
         if self.beside is not None:
             return self._interplay()
-        kernels, func = self.probe_kernels(1)
+        kernels, func = self.probe_kernels(CALLS)
         if kernels is None:
             return Cost.invalid(func)
         try:
-            return _measure(kernels[0], func, self.target, self.timing, self.backend)
+            return _measure(kernels, func, self.target, self.timing, self.backend)
         except Exception as err:  # a backend that fails here pays no transition, never raises  # noqa: BLE001
             return Cost.invalid(f"transition probe failed: {type(err).__name__}: {first_line(err)}")
 
@@ -172,22 +195,27 @@ def chain_call(streams: list[relax.Function], steps: list[tuple[int, str | None]
     return synchronized(lambda: vm["main"](*args), target)
 
 
-def _measure(kernel, probe: relax.Function, target: str, timing: Timing, backend) -> Cost:
-    name = "collage.transition.probe"
-    tvm.register_global_func(name, kernel, override=True)
-    with_probe = chain_call([probe], [(0, name)] * CALLS, target, {name: backend})
-    without = chain_call([probe], [(0, None)] * CALLS, target, {})
+def _measure(kernels: list, probe: relax.Function, target: str, timing: Timing, backend) -> Cost:
+    """Rounds of [the sweep, a probe kernel of its own] against the rounds without the kernels
+    and the first kernel back to back, per round."""
+    names = [f"collage.transition.probe.{k}" for k in range(len(kernels))]
+    for name, kernel in zip(names, kernels):
+        tvm.register_global_func(name, kernel, override=True)
+    rounds = lambda callee: [step for k in range(len(kernels)) for step in ((1, None), (0, callee(k)))]  # noqa: E731
+    with_probe = chain_call([probe, sweep()], rounds(names.__getitem__), target, dict.fromkeys(names, backend))
+    without = chain_call([probe, sweep()], rounds(lambda k: None), target, {})
     device = device_for(target)
     inputs, outputs = to_tensors(random_inputs(probe), device), empty_outputs(probe, device)
-    alone = synchronized(lambda: kernel(*inputs, *outputs), target)
+    alone = synchronized(lambda: kernels[0](*inputs, *outputs), target)
     # Interleaved, so a change of load on the machine hits all three alike.
     deltas = []
     for _ in range(timing.min_samples):
         chained = time_call(with_probe, timing).value_ms
         plain = time_call(without, timing).value_ms
         kernel_ms = time_call(alone, timing).value_ms
-        deltas.append((chained - plain) / CALLS - kernel_ms)
-    tvm_ffi.remove_global_func(name)
+        deltas.append((chained - plain) / len(kernels) - kernel_ms)
+    for name in names:
+        tvm_ffi.remove_global_func(name)
     median, spread = median_and_iqr(deltas)
     return Cost.of(max(median, 0.0), spread=spread, samples=len(deltas))
 
