@@ -9,7 +9,7 @@ It is measured, per backend, on a probe: a small shape-preserving sub-graph the 
 run (a 3x3 convolution with ReLU, else a matrix product). A chain of ``CALLS`` rounds of
 [TVM ops sweeping a few MB, then a probe kernel through ``call_dps_packed``] runs on the VM;
 the transition is what that chain costs beyond the same TVM ops alone and the probe's own
-time back to back, per round. Each round calls a probe kernel of its own (distinct compiles,
+time back to back, per round. On the CPU each round calls a probe kernel of its own (distinct compiles,
 as a model's partitions are: their own weights, their own ONNX Runtime session and thread
 pool), and the sweep between them leaves the core's cache to the TVM ops, as a model's
 kernels between two partitions do. One kernel called again after a few ops on a small tensor
@@ -43,7 +43,7 @@ from tvm import relax
 from ..candidates.generate import generate
 from ..model.graph import DataflowGraph
 from .cost import Cost
-from .build import build_vm, compile_kernel, device_for, synchronized
+from .build import build_vm, compile_kernel, device_for, is_cuda, synchronized
 from .arrays import empty_outputs, random_inputs, to_tensors
 from ..errors import first_line
 from .timing import Timing, median_and_iqr, time_call
@@ -136,7 +136,10 @@ class TransitionTask:
         probes."""
         if self.beside is not None:
             return self._interplay()
-        kernels, func = self.probe_kernels(CALLS)
+        # On a GPU, one kernel: a partition is a node of the module's CUDA graph, with no
+        # threads to wake, and the cache it finds is the candidates' timing's (``time_flushed``);
+        # inductor's eight compiles of the probe would lengthen an optimization by seconds.
+        kernels, func = self.probe_kernels(1 if is_cuda(self.target) else CALLS)
         if kernels is None:
             return Cost.invalid(func)
         try:
@@ -196,13 +199,13 @@ def chain_call(streams: list[relax.Function], steps: list[tuple[int, str | None]
 
 
 def _measure(kernels: list, probe: relax.Function, target: str, timing: Timing, backend) -> Cost:
-    """Rounds of [the sweep, a probe kernel of its own] against the rounds without the kernels
-    and the first kernel back to back, per round."""
+    """``CALLS`` rounds of [the sweep, a probe kernel: each its own where there are as many]
+    against the rounds without the kernels and the first kernel back to back, per round."""
     names = [f"collage.transition.probe.{k}" for k in range(len(kernels))]
     for name, kernel in zip(names, kernels):
         tvm.register_global_func(name, kernel, override=True)
-    rounds = lambda callee: [step for k in range(len(kernels)) for step in ((1, None), (0, callee(k)))]  # noqa: E731
-    with_probe = chain_call([probe, sweep()], rounds(names.__getitem__), target, dict.fromkeys(names, backend))
+    rounds = lambda callee: [step for k in range(CALLS) for step in ((1, None), (0, callee(k)))]  # noqa: E731
+    with_probe = chain_call([probe, sweep()], rounds(lambda k: names[k % len(names)]), target, dict.fromkeys(names, backend))
     without = chain_call([probe, sweep()], rounds(lambda k: None), target, {})
     device = device_for(target)
     inputs, outputs = to_tensors(random_inputs(probe), device), empty_outputs(probe, device)
@@ -213,7 +216,7 @@ def _measure(kernels: list, probe: relax.Function, target: str, timing: Timing, 
         chained = time_call(with_probe, timing).value_ms
         plain = time_call(without, timing).value_ms
         kernel_ms = time_call(alone, timing).value_ms
-        deltas.append((chained - plain) / len(kernels) - kernel_ms)
+        deltas.append((chained - plain) / CALLS - kernel_ms)
     for name in names:
         tvm_ffi.remove_global_func(name)
     median, spread = median_and_iqr(deltas)
