@@ -503,7 +503,7 @@ class Measurer:
         graph, values = self._graph_values()
         reduced = {} if candidate.precision == FLOAT32 else {"precision": candidate.precision, "rtol": self.accuracy}
         timing = self.timing if self.ceiling_ms is None else dataclasses.replace(self.timing, ceiling_ms=self.ceiling_ms)
-        if self.measured_on(candidate).cache_flushed:
+        if self.flushes_cache(candidate.subgraph.graph):
             # Twice the cache: written through, it leaves none of what the candidate reads.
             timing = dataclasses.replace(timing, cache_flush_bytes=2 * self.cache_bytes)
         if candidate.subgraph.graph is not graph:

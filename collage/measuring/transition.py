@@ -59,18 +59,20 @@ SWEEP_SHAPE = (1, 16, 64, 64)
 INTERPLAY_BLOCK_MS = 20.0
 
 
+def _function(shape: tuple[int, ...], make) -> relax.Function:
+    """``main`` of one float32 tensor of ``shape``, returning ``make(bb, x)``."""
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], {"global_symbol": "main"}):
+        with bb.dataflow():
+            out = bb.emit_output(make(bb, x))
+        bb.emit_func_output(out)
+    return bb.get()["main"]
+
+
 def probes() -> list[relax.Function]:
     """Shape-preserving sub-graphs with constant weights, the first a backend can run is used."""
     rng = np.random.default_rng(0)
-
-    def build(shape, make):
-        x = relax.Var("x", relax.TensorType(shape, "float32"))
-        bb = relax.BlockBuilder()
-        with bb.function("main", [x], {"global_symbol": "main"}):
-            with bb.dataflow():
-                out = bb.emit_output(make(bb, x))
-            bb.emit_func_output(out)
-        return bb.get()["main"]
 
     def conv(bb, x):
         w = relax.const(rng.standard_normal((32, 32, 3, 3)).astype("float32") * 0.05)
@@ -79,19 +81,13 @@ def probes() -> list[relax.Function]:
     def matmul(bb, x):
         return relax.op.matmul(x, relax.const(rng.standard_normal((256, 256)).astype("float32") * 0.05))
 
-    return [build((1, 32, 28, 28), conv), build((64, 256), matmul)]
+    return [_function((1, 32, 28, 28), conv), _function((64, 256), matmul)]
 
 
 def sweep() -> relax.Function:
     """A function of one ``SWEEP_SHAPE`` tensor: a chain's stream for the TVM ops that stand
     for a model's kernels between two partitions (``chain_call``)."""
-    x = relax.Var("x", relax.TensorType(SWEEP_SHAPE, "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x], {"global_symbol": "main"}):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.relu(x))
-        bb.emit_func_output(out)
-    return bb.get()["main"]
+    return _function(SWEEP_SHAPE, lambda bb, x: relax.op.nn.relu(x))
 
 
 @dataclass(frozen=True)
