@@ -111,6 +111,41 @@ def test_torchs_own_transformer_layers_export_as_their_users_export_them():
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
+class Windows(torch.nn.Module):
+    """Sliding windows, as PatchTST cuts a series into patches: ``Tensor.unfold``, which
+    torch.export keeps and TVM's importer lacks."""
+
+    def forward(self, x):
+        patches = x.unfold(1, 4, 3)  # overlapping windows of a middle dimension; the tail left out
+        strided = x.unfold(-1, 2, 3)  # windows with gaps between them along the last one
+        return patches.sum(-1), strided * 2.0
+
+
+class EmptyCache(torch.nn.Module):
+    """Keys appended to a cache that starts empty, as transformers' key/value cache does in a
+    decoder left at ``use_cache=True``: torch skips the empty vector, TVM's importer refuses it."""
+
+    def forward(self, keys):
+        cache = torch.tensor([])
+        return torch.cat([cache, keys], dim=-2) * 2.0
+
+
+@pytest.mark.parametrize("model, shape", [(Windows(), (2, 11, 7)), (EmptyCache(), (1, 2, 5, 8))])
+def test_what_the_importer_lacks_is_imported_decomposed(model, shape):
+    x = torch.randn(*shape)
+    with pytest.raises(Exception):  # TVM's importer alone  # noqa: B017 -- an AssertionError or a ValueError
+        from tvm.relax.frontend.torch import from_exported_program
+
+        from_exported_program(torch.export.export(model, (x,)))
+    mod = import_model(model.eval(), example_inputs=x).mod
+    vm = tvm.relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    got, expected = vm["main"](tvm.runtime.tensor(x.numpy())), model(x)
+    got = [got] if hasattr(got, "numpy") else list(got)  # the importer's main returns a tuple
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for out, want in zip(got, expected, strict=True):
+        np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "model, kwargs, message",
     [

@@ -99,8 +99,16 @@ def relax_of(program) -> tvm.IRModule:
     """An exported program as a Relax IRModule, by TVM's importer, weights bound as constants."""
     from tvm.relax.frontend.torch import from_exported_program
 
+    from . import decompositions
+
     try:
-        return from_exported_program(program, keep_params_as_input=False)
+        try:
+            return from_exported_program(program, keep_params_as_input=False)
+        except Exception as first:  # noqa: BLE001 -- perhaps what decomposing makes importable
+            try:
+                return from_exported_program(decompositions.decomposed(program), keep_params_as_input=False)
+            except Exception:  # noqa: BLE001 -- it did not help: report the first error
+                raise first from None
     except Exception as err:  # noqa: BLE001 -- "Unsupported function types [...]" is an AssertionError
         raise ModelImportError(f"TVM's PyTorch importer cannot import it: {first_line(err)}") from None
 
