@@ -188,6 +188,23 @@ def test_structural_key_ignores_weights_and_place_but_not_shape():
     assert SubGraph(g, S(0, 1, 2)).structural_key != SubGraph(g, S(6, 7, 8)).structural_key
 
 
+def test_structural_key_reads_any_element_of_an_axis_alike():
+    # An unrolled loop reads one step per element (Mamba's scan: x[:, :, i]); which element a
+    # kernel reads changes neither its code's shape nor its cost, the axis does.
+    x = relax.Var("x", relax.TensorType((2, 8, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            reads = [relax.op.take(x, relax.const(i, "int64"), axis) for i, axis in ((0, 1), (5, 1), (3, 2))]
+            out = bb.emit_output(relax.Tuple([bb.emit(relax.op.exp(bb.emit(r))) for r in reads]))
+        bb.emit_func_output(out)
+    g = DataflowGraph.from_module(bb.get())
+    step0, step5, across = (SubGraph(g, S(i, i + 1)).structural_key for i in (0, 2, 4))
+    assert step0 == step5 and step0 != across
+    # The kernels compiled still read their own element: only the key forgets it.
+    assert "R.const(5" in SubGraph(g, S(2, 3)).extract().script(show_meta=False)
+
+
 def test_op_kinds_come_from_tvm():
     g = DataflowGraph.from_module(SplitJoin)
     kinds = [op_kind(g, n) for n in g]
@@ -269,6 +286,30 @@ def test_seeds_stopped_at_the_cap_are_counted_for_the_report():
     within: dict[str, int] = {}
     generate(DataflowGraph.from_module(Diamond), default_backends(), within)
     assert within == {}
+
+
+def test_a_wide_join_is_grown_with_none_of_its_producers_or_all():
+    # torch.stack over 64 steps of a scan: taken one at a time, the stack's producers' subsets
+    # were 40,000 candidates of one model. As Collage's tuple combiner does, a group holding
+    # the join holds none of its producers or all of them.
+    from collage.candidates.generate import WIDE_JOIN
+
+    n = WIDE_JOIN + 4
+    x = relax.Var("x", relax.TensorType((4, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            steps = [bb.emit(relax.op.multiply(x, relax.const(float(k)))) for k in range(n)]
+            joined = bb.emit(relax.op.concat(steps, axis=0))
+            out = bb.emit_output(relax.op.nn.relu(joined))
+        bb.emit_func_output(out)
+    g = DataflowGraph.from_module(bb.get())
+    producers, join = set(range(n)), n
+    grown = sets(grow_rule(g, TVM_RULE))
+    assert all(len(group & producers) in (0, n) for group in grown if join in group)
+    assert {S(join), S(join, join + 1), S(*producers, join), S(*producers, join, join + 1)} <= grown
+    assert {S(k) for k in producers} | {S(join + 1)} <= grown  # each op keeps its own kernel
+    assert len(grown) == n + 5
 
 
 def test_valid_op_limits_the_rule():

@@ -35,6 +35,12 @@ MAX_GROUPS_PER_SEED = 256
 # linear in the graph.
 GROUPS_PER_NODE = 12
 GROUPS_PER_SEED_PAST_BUDGET = 8
+# A node reading more producers than this is a wide join (torch.stack over Mamba's 64 scan
+# steps, a concat of many branches): a group holding one takes none of its producers or all,
+# as Collage's tuple combiner merges a tuple with every field's sub-graph. Taken one at a
+# time, its producers' subsets are countless (C(64, 3) = 41,664 from one stack), each a
+# distinct candidate to measure, and the generator's budget runs out on them alone.
+WIDE_JOIN = 8
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,7 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule, capped: dict[str, int] | 
     """Every connected, convex group with a tensor boundary the rule can grow, each once.
 
     From each valid seed, groups grow by one valid neighbour at a time (producer or
-    consumer) while the fusion rule allows it, the group stays convex and its size stays
+    consumer; a wide join's producers all at once, ``WIDE_JOIN``) while the fusion rule allows it, the group stays convex and its size stays
     within ``max_size``. Non-convex groups are not grown further: dropping a first or last
     member keeps a group convex, so a convex group is reached through convex ones whenever
     such a member can go without disconnecting the rest, which holds for the chains, fans
@@ -103,11 +109,11 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule, capped: dict[str, int] | 
                 yield group
             if len(group) == rule.max_size:
                 continue
-            for n in _neighbours(graph, group):
-                nodes = group.nodes | {n}
-                if valid[n] and nodes not in seen and rule.fusion_rule(group, graph[n]):
+            for step in _steps(graph, group):
+                nodes = group.nodes | step
+                if nodes not in seen and all(valid[n] and rule.fusion_rule(group, graph[n]) for n in step):
                     seen.add(nodes)
-                    bigger = group.union(n)
+                    bigger = SubGraph(graph, nodes)
                     if bigger.is_convex():
                         todo.append(bigger)
         grown += taken
@@ -115,9 +121,22 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule, capped: dict[str, int] | 
             capped[rule.name] = capped.get(rule.name, 0) + 1
 
 
-def _neighbours(graph: DataflowGraph, group: SubGraph) -> list[int]:
-    near = {j for i in group.nodes for j in (*graph[i].inputs, *graph.consumers[i])}
-    return sorted(near - group.nodes)
+def _steps(graph: DataflowGraph, group: SubGraph) -> list[frozenset[int]]:
+    """The node sets ``group`` grows by: each neighbour alone, but a wide join (``WIDE_JOIN``)
+    with every producer it reads, so that a group holds none of them or all."""
+
+    def wide(i: int) -> bool:
+        return len(graph[i].inputs) > WIDE_JOIN
+
+    steps = set()
+    for i in group.nodes:
+        if wide(i):
+            steps.add(frozenset(graph[i].inputs) - group.nodes)
+        else:
+            steps.update(frozenset({p}) for p in graph[i].inputs)
+        steps.update(frozenset({c, *graph[c].inputs}) if wide(c) else frozenset({c}) for c in graph.consumers[i])
+    steps = {step - group.nodes for step in steps}
+    return sorted((step for step in steps if step), key=sorted)
 
 
 def regions(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:

@@ -1,9 +1,10 @@
 """SubGraph: a frozen set of node indices of one DataflowGraph.
 
 Cheap to build, hash and compare; a Relax function is extracted from it only when it is
-compiled or measured (``extract``). ``structural_key`` names what a backend would compile:
-two sub-graphs with the same ops, attributes, shapes and dtypes share a key wherever they
-sit and whatever their weights hold, so each is measured once.
+compiled or measured (``extract``). ``structural_key`` names what a backend would compile, as
+far as its cost goes: two sub-graphs with the same ops, attributes, shapes and dtypes share a
+key wherever they sit, whatever their weights hold and whichever element their ``take``s
+read, so each is measured once.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import functools
 import hashlib
 from dataclasses import dataclass, field
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -19,6 +21,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from ..model.graph import CALLEES_ATTR, DataflowGraph, global_vars
 
 Constant = tvm.ir.GenericConst  # relax.const(...)
+TAKE = tvm.ir.Op.get("relax.take")
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,9 @@ class SubGraph:
 
     @functools.cached_property
     def structural_key(self) -> str:
-        """sha256 of the extracted function's TVMScript, weights lifted to typed parameters."""
-        func = self.extract(lift_constants=True).without_attr(CALLEES_ATTR)
+        """sha256 of the extracted function's TVMScript, weights lifted to typed parameters and
+        the element a ``take`` reads written as the first (``AnyPosition``)."""
+        func = AnyPosition().visit_expr(self.extract(lift_constants=True).without_attr(CALLEES_ATTR))
         texts = [func.script(show_meta=False), *(f.script(show_meta=False) for f in self.callees().values())]
         return hashlib.sha256("\n".join(texts).encode()).hexdigest()
 
@@ -174,6 +178,22 @@ def _leaf_args(value: relax.Expr):
         yield from _leaf_args(value.tuple_value)
     elif isinstance(value, (relax.Var, Constant)):
         yield value
+
+
+@mutator
+class AnyPosition(PyExprMutator):
+    """``take``'s scalar index written as 0, for the structural key only: which element of an
+    axis a kernel reads changes neither its code's shape nor its cost, and a loop unrolled by
+    ``torch.export`` reads one step per element (Mamba's scan over 64 tokens: 513 ``take``s,
+    and 40,000 candidates to measure where every step's kernels counted as new ones)."""
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if call.op != TAKE or not isinstance(call.args[1], Constant) or is_tensor_constant(call.args[1]):
+            return call
+        index = call.args[1]
+        first = relax.const(np.zeros([int(d) for d in index.ty.shape], str(index.ty.dtype)))
+        return relax.Call(call.op, [call.args[0], first, *call.args[2:]], call.attrs, call.ty_args)
 
 
 @mutator
