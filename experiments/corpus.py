@@ -20,6 +20,14 @@ Tried and dropped:
 - convbert: its span-based dynamic convolution is an nn.Unfold, which TVM's importer cannot lower (index_tensor).
 - nystromformer: under torch.export transformers adds a (tokens, tokens) mask to (landmarks, tokens) scores.
 - fnet: FFT token mixing; no FFT in TVM's importer (_fft_c2c) or in ONNX at opset 17.
+- xlm: its key/value cache starts as an empty vector concatenated with the keys, which TVM's
+  importer refuses (a Relax module cannot be had); collage's own import of the torch module
+  skips it (``collage.model.decompositions``).
+- patchtst, patchtsmixer: ``Tensor.unfold`` cuts the series into patches, which TVM's importer
+  lacks (collage's import of the torch module decomposes it), and torch's ONNX export of them
+  fails ONNX Runtime's shape inference.
+- longt5 (transient-global attention): TVM's build fails on the Relax module ("MatchesCode(kDLFloat)").
+- mixtral: its experts' routing (histc, grouped_mm) is in neither TVM's importer nor ONNX.
 """
 
 from __future__ import annotations
@@ -150,6 +158,11 @@ CORPUS: dict[str, CorpusModel] = {
         "vision-transformer", "HieraModel", "HieraConfig", 64, "Hiera (mask-unit attention, query pooling), embed 32",
         image_size=[64, 64], embed_dim=32, depths=[1, 1, 2, 1],
     ),
+    "vitdet": _image(
+        "vision-transformer", "VitDetModel", "VitDetConfig", 128, "ViTDet backbone (windowed and global attention, decomposed relative positions), 192 wide",
+        image_size=128, pretrain_image_size=128, hidden_size=192, num_hidden_layers=2, num_attention_heads=3,
+        window_size=4, window_block_indices=[0], use_relative_position_embeddings=True,
+    ),
     # ------------------------------------------------------------------ hybrids: convolution and attention
     "cvt": _image(
         "hybrid", "CvtModel", "CvtConfig", 96, "CvT (convolutional token embeddings and projections), depths 1-2-3",
@@ -171,6 +184,10 @@ CORPUS: dict[str, CorpusModel] = {
     "swiftformer": _image(
         "hybrid", "SwiftFormerModel", "SwiftFormerConfig", 128, "SwiftFormer-XS widths (additive attention), depths 1-1-2-1",
         image_size=128, depths=[1, 1, 2, 1],
+    ),
+    "swin2sr": _image(
+        "hybrid", "Swin2SRModel", "Swin2SRConfig", 64, "Swin2SR (super-resolution: conv stem, Swin V2 blocks in residual groups), embed 48",
+        image_size=64, embed_dim=48, depths=[1, 1], num_heads=[2, 2], window_size=8,
     ),
     # ------------------------------------------------------------------ text encoders
     "roberta": _text(
@@ -232,6 +249,22 @@ CORPUS: dict[str, CorpusModel] = {
     "mt5_encoder": _text(
         "text-encoder", "MT5EncoderModel", "MT5Config", "mT5's encoder (gated GELU, relative position buckets), 2 layers",
         d_model=256, d_kv=64, d_ff=640, num_layers=2, num_heads=4,
+    ),
+    "esm": _text(
+        "text-encoder", "EsmModel", "EsmConfig", "ESM-2 (protein language model: rotary, pre-LN), 256 wide, 2 layers",
+        **ENCODER_256, position_embedding_type="rotary", pad_token_id=1, mask_token_id=32,
+    ),
+    "rembert": _text(
+        "text-encoder", "RemBertModel", "RemBertConfig", "RemBERT (decoupled input and output embeddings), 256 wide, 2 layers",
+        input_embedding_size=128, output_embedding_size=256, **ENCODER_256,
+    ),
+    "umt5_encoder": _text(
+        "text-encoder", "UMT5EncoderModel", "UMT5Config", "UMT5's encoder (a relative position bias in every layer), 2 layers",
+        d_model=256, d_kv=64, d_ff=640, num_layers=2, num_heads=4,
+    ),
+    "xlnet": _text(
+        "text-encoder", "XLNetModel", "XLNetConfig", "XLNet (two-stream relative attention, content stream), 256 wide, 2 layers",
+        d_model=256, n_layer=2, n_head=4, d_inner=1024, use_mems_eval=False,
     ),
     # ------------------------------------------------------------------ text decoders
     "gpt_neo": _text(
@@ -298,6 +331,29 @@ CORPUS: dict[str, CorpusModel] = {
         "text-decoder", "GPTBigCodeModel", "GPTBigCodeConfig", "GPTBigCode / StarCoder (multi-query), 256 wide, 2 layers",
         n_embd=256, n_layer=2, n_head=4, use_cache=False,
     ),
+    "olmo2": _text(
+        "text-decoder", "Olmo2Model", "Olmo2Config", "OLMo 2 (post-norm, query/key RMSNorm over all heads), 2 layers",
+        hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4, use_cache=False,
+        pad_token_id=0,
+    ),
+    "stablelm": _text(
+        "text-decoder", "StableLmModel", "StableLmConfig", "StableLM (LayerNorm, rotary on 25% of each head), 2 layers",
+        hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        partial_rotary_factor=0.25, use_cache=False,
+    ),
+    "gemma2": _text(
+        "text-decoder", "Gemma2Model", "Gemma2Config", "Gemma 2 (logit soft-capping, sliding and global layers, four norms a layer)",
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, sliding_window=32, use_cache=False,
+    ),
+    "xglm": _text(
+        "text-decoder", "XGLMModel", "XGLMConfig", "XGLM (sinusoidal positions, scaled embeddings), 256 wide, 2 layers",
+        d_model=256, num_layers=2, attention_heads=4, ffn_dim=1024, use_cache=False,
+    ),
+    "mamba": _text(
+        "text-decoder", "MambaModel", "MambaConfig", "Mamba (selective state space, its sequential scan), 128 wide, 2 layers",
+        hidden_size=128, state_size=16, num_hidden_layers=2, use_cache=False,
+    ),
     # ------------------------------------------------------------------ audio
     "wav2vec2": _audio(
         "Wav2Vec2Model", "Wav2Vec2Config", (1, AUDIO_SAMPLES), "wav2vec 2.0: conv feature encoder (128 channels), 2 layers",
@@ -337,5 +393,9 @@ CORPUS: dict[str, CorpusModel] = {
     "speech2text_encoder": _audio(
         "Speech2TextEncoder", "Speech2TextConfig", (1, 100, 80), "Speech2Text's encoder: 1 s of 80-bin filter banks, 2 layers",
         encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=1024, conv_channels=256,
+    ),
+    "wav2vec2_bert": _audio(
+        "Wav2Vec2BertModel", "Wav2Vec2BertConfig", (1, 100, 160), "w2v-BERT 2.0 (conformer on filter-bank features, relative keys), 2 layers",
+        **ENCODER_256, output_hidden_size=256,
     ),
 }  # fmt: skip
