@@ -153,7 +153,9 @@ class SubGraph:
     def structural_key(self) -> str:
         """sha256 of the extracted function's TVMScript, weights lifted to typed parameters and
         the element a ``take`` reads written as the first (``AnyPosition``)."""
-        func = AnyPosition().visit_expr(self.extract(lift_constants=True).without_attr(CALLEES_ATTR))
+        func = self.extract(lift_constants=True).without_attr(CALLEES_ATTR)
+        if TAKE.name in self.ops:  # the mutator's walk in Python is paid only where it changes something
+            func = AnyPosition().visit_expr(func)
         texts = [func.script(show_meta=False), *(f.script(show_meta=False) for f in self.callees().values())]
         return hashlib.sha256("\n".join(texts).encode()).hexdigest()
 
