@@ -79,11 +79,11 @@ def grow_rule(graph: DataflowGraph, rule: PatternRule, capped: dict[str, int] | 
     """Every connected, convex group with a tensor boundary the rule can grow, each once.
 
     From each valid seed, groups grow by one valid neighbour at a time (producer or
-    consumer; a wide join's producers all at once, ``WIDE_JOIN``) while the fusion rule allows it, the group stays convex and its size stays
-    within ``max_size``. Non-convex groups are not grown further: dropping a first or last
-    member keeps a group convex, so a convex group is reached through convex ones whenever
-    such a member can go without disconnecting the rest, which holds for the chains, fans
-    and diamonds of real models. It keeps the search from wandering through values shared
+    consumer; a wide join's producers all at once, ``WIDE_JOIN``) while the fusion rule
+    allows it, the group stays convex and its size stays within ``max_size``. Non-convex
+    groups are not grown further: dropping a first or last member keeps a group convex, so a
+    convex group is reached through convex ones whenever such a member can go without
+    disconnecting the rest, which holds for the chains, fans and diamonds of real models. It keeps the search from wandering through values shared
     far apart (BERT's attention mask feeds every layer).
 
     Groups grow breadth first, so the smallest come first, and each seed grows at most
@@ -131,7 +131,7 @@ def _steps(graph: DataflowGraph, group: SubGraph) -> list[frozenset[int]]:
     steps = set()
     for i in group.nodes:
         if wide(i):
-            steps.add(frozenset(graph[i].inputs) - group.nodes)
+            steps.add(frozenset(graph[i].inputs))
         else:
             steps.update(frozenset({p}) for p in graph[i].inputs)
         steps.update(frozenset({c, *graph[c].inputs}) if wide(c) else frozenset({c}) for c in graph.consumers[i])
