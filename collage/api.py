@@ -182,6 +182,8 @@ def optimize_with(
     onnx_model = imported.onnx_model if onnx_model is None else onnx_model
     if imported.onnx_note is not None and onnx_model is None:
         record.left_out["torch's ONNX export"] = imported.onnx_note
+    if imported.program_note is not None:
+        record.left_out["torch.export's program"] = imported.program_note
     stage("preparing")
     record.optimized_for, record.not_here = _device_optimized_for(config)
     program = imported.program
@@ -191,7 +193,7 @@ def optimize_with(
     model = prepare_model(config, imported.mod, backends, cost_log, params, onnx_model, calibration, program)
     record.calibration_sets = len(model.calibration)
     original, prepared, usable, backend_set, log = model.original, model.prepared, model.usable, model.backends, model.log
-    record.simplify_failed, record.out_of_bounds = model.simplify_failed, model.out_of_bounds
+    record.simplify_failed, record.rewritten = model.simplify_failed, model.rewritten
     try:
         graph = dataflow_graph(prepared)
     except Unplaceable as err:

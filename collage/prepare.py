@@ -25,18 +25,19 @@ from .measuring.build import REFERENCE_TARGET, reference_vm, values_target
 from .errors import first_line
 from .measuring.arrays import Reference, mismatch, numpy_outputs, random_inputs, static_shape, to_tensors
 from .model.graph import DataflowGraph
-from .model.simplify import WRAP_NEGATIVE_TAKE_INDICES, SimplifyReport, simplify
+from .model.asserts import assert_message, asserts, without_asserts_that_hold
+from .model.simplify import BOOLEANS_AS_INTEGERS, WRAP_NEGATIVE_TAKE_INDICES, SimplifyReport, simplify
 
 
 @dataclass
 class Model:
     """The model as every stage takes it."""
 
-    original: tvm.IRModule  # bound, unoptimized (out-of-bounds reads defined): what every module is checked against
+    original: tvm.IRModule  # bound, unoptimized, as TVM computes it (``defined``): what every module is checked against
     prepared: tvm.IRModule  # simplified (unless the config says not to, or simplifying failed)
     simplified: SimplifyReport | None
     simplify_failed: str | None  # why it is placed as given
-    out_of_bounds: str | None  # what of the model TVM would read out of bounds, and the meaning it was given
+    rewritten: list[str]  # what of the model was written otherwise before placing, and why (``defined``, asserts)
     backends: BackendSet  # those asked for
     usable: list[Backend]  # those of them that run here
     excluded: dict[str, str]  # the others, with why
@@ -87,7 +88,11 @@ def prepare_model(
     """Bind, check and simplify ``mod``; gather the backends and the log; draw the seeded
     inputs; check the ``calibration`` sets (``checked_calibration``). ``OptimizeError`` for
     input it cannot take."""
-    original, out_of_bounds = defined(with_params_bound(mod, params))
+    original, rewritten = defined(with_params_bound(mod, params))
+    original, dropped = without_asserts_that_hold(original)
+    if dropped:
+        rewritten.append(f"{dropped} run-time check(s) of values computed from constants alone, which hold, dropped: "
+                         "a check splits the dataflow collage places")  # fmt: skip
     calibration = checked_calibration(original["main"], calibration)
     asked = backend_set(backends)
     usable, excluded = asked.usable(config.target)
@@ -102,22 +107,31 @@ def prepare_model(
         except Exception as err:  # noqa: BLE001 -- a TVM pass failing on this model: place it as given
             failed = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
     arrays = random_inputs(original["main"], config.seed)
-    return Model(original, prepared, report, failed, out_of_bounds, asked, usable, excluded, log, onnx_model, config,
+    return Model(original, prepared, report, failed, rewritten, asked, usable, excluded, log, onnx_model, config,
                  arrays, calibration, program)  # fmt: skip
 
 
-def defined(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
-    """``mod`` with every read TVM would make out of bounds given the meaning torch and ONNX
-    give it, and a line saying what changed (None: nothing). PyTorch's importer writes
-    ``x[..., -2, :]`` as a fast take at index -2, which TVM reads out of bounds: the
-    reference every placement is checked against would be whatever lies in memory there,
-    and the placements, which count the index from the end, were all rejected (Falcon's
-    unoptimized outputs were NaN in one run and wrong by 100% in the next)."""
-    wrapped, count = WRAP_NEGATIVE_TAKE_INDICES.apply(mod)
-    if not count:
-        return mod, None
-    return wrapped, (f"{count} take(s) at negative indices, which TVM's fast take reads out of bounds, count them "
-                     "from the end, as torch and ONNX do, in the unoptimized model too")  # fmt: skip
+def defined(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
+    """``mod`` as TVM can compute it with the meaning torch and ONNX give it, and a line per
+    kind of change (none: nothing changed); the unoptimized model every placement is checked
+    against is this one.
+
+    - PyTorch's importer writes ``x[..., -2, :]`` as a fast take at index -2, which TVM reads
+      out of bounds: the reference would be whatever lies in memory there, and the
+      placements, which count the index from the end, were all rejected (Falcon's unoptimized
+      outputs were NaN in one run and wrong by 100% in the next).
+    - TVM cannot compile comparisons and arithmetic of booleans, which the importers write
+      as torch and ONNX have them: it could not run LongT5's unoptimized model at all."""
+    changes = []
+    mod, count = WRAP_NEGATIVE_TAKE_INDICES.apply(mod)
+    if count:
+        changes.append(f"{count} take(s) at negative indices, which TVM's fast take reads out of bounds, count them "
+                       "from the end, as torch and ONNX do, in the unoptimized model too")  # fmt: skip
+    mod, count = BOOLEANS_AS_INTEGERS.apply(mod)
+    if count:
+        changes.append(f"{count} comparison(s) or arithmetic operator(s) on booleans, which TVM cannot compile, "
+                       "compute on their 0/1 integers, in the unoptimized model too")  # fmt: skip
+    return mod, changes
 
 
 def simplification_changed(model: Model, rtol: float) -> str | None:
@@ -229,6 +243,11 @@ def dataflow_graph(mod: tvm.IRModule) -> DataflowGraph:
     try:
         return DataflowGraph.from_module(relax.transform.ConvertToDataflow(min_size=1)(mod))
     except ValueError as err:
+        checks = asserts(main)
+        if checks:  # of the inputs (checks of constants that hold are gone: ``without_asserts_that_hold``)
+            first = assert_message(checks[0])
+            raise Unplaceable(f"main checks its inputs at run time ({len(checks)} R.assert_op, the first: {first!r}), "
+                              "which splits the dataflow collage places") from None  # fmt: skip
         raise Unplaceable(f"main cannot be placed: {err}") from None
 
 

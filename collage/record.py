@@ -98,7 +98,7 @@ class RunRecord:
     calibration_sets: int = 0  # the user's input sets the budget was held on, instead of a second draw
     precision_note: str | None = None  # why the budget changed nothing, where it could not
     simplify_failed: str | None = None  # why the model was placed as given, unsimplified
-    out_of_bounds: str | None = None  # what of the model TVM would read out of bounds, and the meaning it was given
+    rewritten: list[str] = field(default_factory=list)  # what of the model was written otherwise before placing, and why
     unplaced: str | None = None  # why nothing could be placed (TVM then runs the model)
     unplaced_hash: str | None = None  # the structural hash of that model, for its saved record
     cuda_graph_off: str | None = None  # on CUDA: why the kept module runs without CUDA graphs

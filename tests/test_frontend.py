@@ -11,6 +11,7 @@ import tvm
 
 import collage
 from collage.model.frontend import ModelImportError, import_model, unsound_ort_rewrites
+from collage.prepare import defined
 from collage.measuring.timing import Timing
 from collage.record import FinalistKind, FinalistName
 from tests.tiny_onnx import INPUT_SHAPE, write_tiny_model
@@ -37,7 +38,7 @@ def test_an_onnx_file_or_modelproto_imports_and_is_kept_for_the_engines(tmp_path
         assert isinstance(mod, tvm.IRModule) and imported.onnx_model == proto and imported.program is None
     assert import_model(proto).onnx_model is proto
     relax_mod = mod
-    assert import_model(relax_mod) == (relax_mod, None, None, None)
+    assert import_model(relax_mod) == (relax_mod, None, None, None, None)
 
 
 def test_an_onnx_model_cleaned_up_to_import_computes_what_it_did(tmp_path):
@@ -144,6 +145,76 @@ def test_what_the_importer_lacks_is_imported_decomposed(model, shape):
     expected = expected if isinstance(expected, tuple) else (expected,)
     for out, want in zip(got, expected, strict=True):
         np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-6)
+
+
+class RunningCounts(torch.nn.Module):
+    """A mask's running count and an int32 running sum, as position ids are made from an
+    attention mask: torch counts both in int64, TVM's importer typed them as their inputs."""
+
+    def forward(self, x, ids):
+        return (x > 0).cumsum(-1), ids.cumsum(-1), (x > 0).cumprod(-1)
+
+
+def test_a_running_count_is_imported_in_the_dtype_torch_counts_in():
+    x, ids = torch.randn(2, 9), torch.randint(0, 5, (2, 9), dtype=torch.int32)
+    model = RunningCounts().eval()
+    mod = import_model(model, example_inputs=(x, ids)).mod
+    vm = tvm.relax.VirtualMachine(tvm.compile(defined(mod)[0], target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(ids.numpy()))
+    for out, want in zip(got, model(x, ids), strict=True):
+        assert out.numpy().dtype == np.int64
+        np.testing.assert_array_equal(out.numpy(), want.numpy())
+
+
+class Diverges(torch.nn.Module):
+    """A branch on ``torch.compiler.is_compiling()``, which exporting takes, as transformers'
+    ``is_torchdynamo_compiling()`` does (LongT5 then leaves its attention mask unset and
+    computes something else)."""
+
+    def forward(self, x):
+        return x * 2.0 if torch.compiler.is_compiling() else x * 3.0
+
+
+def test_a_program_that_computes_otherwise_than_its_module_is_imported_from_the_onnx_export():
+    x = torch.randn(2, 5)
+    imported = import_model(Diverges().eval(), example_inputs=x)
+    assert imported.program is None
+    assert imported.program_note.startswith("torch.export's program computes otherwise than the module (output 0:")
+    assert imported.program_note.endswith("imported from torch's ONNX export, which agrees with the module")
+    vm = tvm.relax.VirtualMachine(tvm.compile(imported.mod, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy()))
+    np.testing.assert_allclose((got if hasattr(got, "numpy") else got[0]).numpy(), x.numpy() * 3.0, rtol=1e-6)
+
+
+class OneHotBlocks(torch.nn.Module):
+    """Block ids the module computes from a mask of ones it makes itself, one-hot: LongT5's
+    transient-global attention. ``one_hot`` checks its class values at run time."""
+
+    def forward(self, x):
+        ids = torch.cumsum(torch.ones(x.shape[-1], dtype=torch.long), 0) // 4
+        return x @ torch.nn.functional.one_hot(ids, 4).float()
+
+
+class ChecksItsInput(torch.nn.Module):
+    def forward(self, x):
+        torch._assert_async((x > -100).all(), "x out of range")
+        return x * 2.0
+
+
+def test_run_time_checks_of_constants_that_hold_are_dropped_and_checks_of_inputs_said(tmp_path):
+    # An assertion splits the dataflow collage places: LongT5 ran whole on TVM.
+    x = torch.randn(3, 8)
+    opt = collage.optimize(OneHotBlocks().eval(), example_inputs=x, backends=["tvm"], cost_log=tmp_path / "c.sqlite",
+                           timing=FAST, progress=False)  # fmt: skip
+    assert opt.placement and opt.record.unplaced is None
+    assert "2 run-time check(s) of values computed from constants alone, which hold, dropped" in opt.report()
+    (got,) = opt(x.numpy())  # the importer's main returns a tuple
+    np.testing.assert_allclose(got, OneHotBlocks()(x).numpy(), rtol=1e-6)
+    opt = collage.optimize(ChecksItsInput().eval(), example_inputs=x, backends=["tvm"], cost_log=tmp_path / "c.sqlite",
+                           timing=FAST, progress=False)  # fmt: skip
+    assert opt.record.unplaced == ("main checks its inputs at run time (1 R.assert_op, the first: 'x out of range'), "
+                                   "which splits the dataflow collage places")  # fmt: skip
+    np.testing.assert_allclose(opt(x.numpy())[0], x.numpy() * 2.0, rtol=1e-6)
 
 
 @pytest.mark.parametrize(

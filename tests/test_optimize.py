@@ -2,6 +2,7 @@
 and its errors. Small zoo models and small hand-built ones keep it quick."""
 
 import dataclasses
+import functools
 import re
 
 import numpy as np
@@ -350,6 +351,30 @@ def test_a_take_tvm_would_read_out_of_bounds_counts_from_the_end_in_the_referenc
         a = np.random.default_rng(0).standard_normal((1, 3, 6, 4)).astype("float32")
         np.testing.assert_allclose(opt(a), np.exp(a[:, :, [4], :]), rtol=1e-6)
         assert "note: 1 take(s) at negative indices, which TVM's fast take reads out of bounds" in opt.report()
+
+
+def test_comparisons_and_arithmetic_of_booleans_tvm_cannot_compile_are_computed_on_integers(tmp_path):
+    # LongT5's ``mask > 0`` of a boolean mask, as PyTorch's importer writes it: TVM's code
+    # generator stops on comparisons and arithmetic of booleans, so it could not run the
+    # unoptimized model, and optimize ended there.
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            mask, small = bb.emit(relax.op.greater(x, relax.const(0.0))), bb.emit(relax.op.less(x, relax.const(1.0)))
+            values = [relax.op.greater(mask, relax.const(False)), relax.op.equal(mask, small),
+                      relax.op.maximum(mask, small), relax.op.multiply(mask, small)]  # fmt: skip
+            floats = [bb.emit(relax.op.astype(v, "float32")) for v in values]
+            first = bb.emit(relax.op.astype(relax.op.argmax(mask, axis=1, keepdims=True), "float32"))
+            out = bb.emit_output(functools.reduce(relax.op.add, floats, first))
+        bb.emit_func_output(out)
+    opt = collage.optimize(bb.get(), backends=["tvm", "onnxruntime"], cost_log=tmp_path / "c.sqlite", timing=FAST,
+                           progress=False)  # fmt: skip
+    a = np.random.default_rng(0).standard_normal((3, 8)).astype("float32")
+    mask, small = a > 0, a < 1
+    expected = mask.argmax(1)[:, None] + (mask > 0) + (mask == small) + np.maximum(mask, small) + (mask * small)
+    np.testing.assert_array_equal(opt(a), expected.astype("float32"))
+    assert "note: 5 comparison(s) or arithmetic operator(s) on booleans, which TVM cannot compile" in opt.report()
 
 
 def test_placements_that_disagree_even_on_tvm_are_left_out_with_why(tmp_path):

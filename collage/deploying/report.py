@@ -223,8 +223,8 @@ def format_report(opt) -> str:
         lines.append(r.call_path.summary())
     if r.simplify_failed:
         lines.append(f"note: {r.simplify_failed}")
-    if r.out_of_bounds:
-        lines.append(f"note: {r.out_of_bounds}")
+    for change in r.rewritten:
+        lines.append(f"note: {change}")
     if r.cuda_graph_off:
         lines.append(f"note: no CUDA graphs, each kernel launched on its own: {r.cuda_graph_off}")
     for text in (*r.engine_blockers.values(), *r.left_out.values()):

@@ -39,6 +39,7 @@ class Imported(NamedTuple):
     onnx_model: object | None  # the ONNX model it came from, or torch's export of it, for the engines to run whole
     onnx_note: str | None = None  # why a PyTorch module has no ONNX export beside it
     program: object | None = None  # a PyTorch module's torch.export program, for an engine that compiles it whole
+    program_note: str | None = None  # why a PyTorch module was imported from its ONNX export instead of that program
 
 
 def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]] | None = None) -> Imported:
@@ -62,7 +63,11 @@ def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]]
             raise ModelImportError("shapes are for an ONNX model; a PyTorch module takes example_inputs of its shapes")
         program = export_program(model, example_inputs)
         exported, note = export_onnx(model, example_inputs)
-        return Imported(relax_of(program), exported, note, program)
+        wrong = _program_disagrees(model, program, example_inputs)
+        if wrong is None:
+            return Imported(relax_of(program), exported, note, program)
+        return Imported(_from_agreeing_export(model, exported, note, example_inputs, wrong), exported, note, None,
+                        f"{wrong}; imported from torch's ONNX export, which agrees with the module")  # fmt: skip
     raise ModelImportError(
         f"cannot optimize a {type(model).__name__}: collage takes a Relax tvm.IRModule, an ONNX model (a file "
         "or an onnx.ModelProto) or a PyTorch module (torch.nn.Module with example_inputs)"
@@ -95,12 +100,86 @@ def export_program(module, example_inputs):
         raise ModelImportError(f"torch.export cannot export the module: {type(err).__name__}: {first_line(err)}") from None
 
 
+# How far an export may be from the module it exports, relative to each output's largest
+# magnitude: the reordered sums of decomposed operators, never a different computation.
+EXPORT_RTOL = 1e-3
+
+
+def _program_disagrees(module, program, example_inputs) -> str | None:
+    """Where ``torch.export``'s ``program`` computes otherwise than ``module`` on the example
+    inputs, a line saying by how much; else None. Exporting traces with
+    ``is_torchdynamo_compiling()`` true, and libraries branch on it: transformers' LongT5 then
+    leaves its attention mask unset and its transient-global attention computes something else
+    (1.22 off outputs of 4.2). Collage would have been faithful to the program, not the module."""
+    import torch
+
+    if isinstance(module, torch.export.ExportedProgram):
+        return None  # the user's own program: nothing else to agree with
+    inputs = _as_tuple(example_inputs)
+    with torch.no_grad():
+        expected, got = _tensors(module(*inputs)), _tensors(program.module()(*inputs))
+    error = _largest_error(got, expected)
+    return None if error is None else f"torch.export's program computes otherwise than the module ({error})"
+
+
+def _from_agreeing_export(module, exported, note: str | None, example_inputs, wrong: str) -> tvm.IRModule:
+    """The Relax module of torch's ONNX export of ``module`` where it agrees with the module
+    (run by ONNX Runtime on the example inputs); ``ModelImportError`` where there is none."""
+    import onnxruntime as ort
+    import torch
+
+    if exported is None:
+        raise ModelImportError(f"{wrong}, and there is no ONNX export to import instead ({note})")
+    inputs = _as_tuple(example_inputs)
+    with torch.no_grad():
+        expected = _tensors(module(*inputs))
+    session = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    error = "it takes other inputs"
+    if len(names) == len(inputs):
+        outputs = session.run(None, {name: t.numpy() for name, t in zip(names, inputs)})
+        error = _largest_error([torch.from_numpy(o) for o in outputs], expected)
+    if error is not None:
+        raise ModelImportError(f"{wrong}, and so does its ONNX export ({error}): collage cannot import it faithfully")
+    return _import_onnx(Path("torch's ONNX export"), exported, None)
+
+
+def _largest_error(got: list, expected: list) -> str | None:
+    """None where each of ``got`` is within ``EXPORT_RTOL`` of ``expected``; else what is off."""
+    import torch
+
+    if len(got) != len(expected):
+        return f"{len(got)} outputs where the module returns {len(expected)}"
+    for k, (a, b) in enumerate(zip(got, expected)):
+        if a.shape != b.shape:
+            return f"output {k} of shape {tuple(a.shape)}, the module's {tuple(b.shape)}"
+        a, b = a.double(), b.double()
+        scale = float(b.abs().nan_to_num(posinf=0, neginf=0).max()) if b.numel() else 0.0
+        off = float((a - b).abs().nan_to_num(nan=0).max()) if b.numel() else 0.0
+        if off > EXPORT_RTOL * scale + 1e-6 or not torch.equal(a.isnan(), b.isnan()):
+            return f"output {k}: max |diff| {off:.3g} of max |expected| {scale:.3g}"
+    return None
+
+
+def _tensors(outputs) -> list:
+    """The tensors of a module's outputs (a tensor, tuple, dict or ``ModelOutput``), in order."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [t.detach() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+
+
+def _as_tuple(example_inputs) -> tuple:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
 def relax_of(program) -> tvm.IRModule:
     """An exported program as a Relax IRModule, by TVM's importer, weights bound as constants."""
     from tvm.relax.frontend.torch import from_exported_program
 
     from . import decompositions
 
+    program = decompositions.with_result_dtypes(program)
     try:
         try:
             return from_exported_program(program, keep_params_as_input=False)

@@ -5,11 +5,12 @@
 no pass for), each a ``tvm.relax.dpl`` pattern with its replacement (``pattern_rewrite``).
 """
 
-from .idioms import WRAP_NEGATIVE_TAKE_INDICES
+from .idioms import BOOLEANS_AS_INTEGERS, WRAP_NEGATIVE_TAKE_INDICES
 from .ops import op_count, op_histogram
 from .pipeline import DEFAULT_STEPS, SimplifyReport, StepCount, TvmPass, simplify
 
 __all__ = [
+    "BOOLEANS_AS_INTEGERS",
     "DEFAULT_STEPS",
     "SimplifyReport",
     "StepCount",

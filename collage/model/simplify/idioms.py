@@ -18,6 +18,8 @@
   broadcasts to anyway, as the operand itself.
 - ``wrap_negative_take_indices``: constant negative indices counted from the end, as torch
   and ONNX count them and TVM's fast ``take`` does not.
+- ``booleans_as_integers``: comparisons and arithmetic of booleans, which TVM cannot compile,
+  computed on their 0/1 integers.
 """
 
 from __future__ import annotations
@@ -316,3 +318,45 @@ def _wrapped_indices(matches: Matches, single_use: set) -> relax.Expr | None:
 # instead of from the end: Falcon's outputs came out wrong by 100%. ONNX's Gather and torch
 # count negative indices from the end; written that way, every backend agrees.
 WRAP_NEGATIVE_TAKE_INDICES = PatternRewrite("wrap_negative_take_indices", _take, _wrapped_indices)
+
+
+# The operators TVM 0.27 compiles for numbers only. Booleans have a DLPack type code of their
+# own since tvm-ffi 0.1, which its LLVM code generator takes for neither an integer nor a
+# float: comparisons and arithmetic stop it ("t.MatchesCode(kDLFloat)", or "fcmp oeq i1",
+# invalid LLVM), and legalizing max, min or argmax finds no bounds for the type. PyTorch's
+# importer writes them on booleans as torch has them (LongT5's ``mask > 0``), so TVM could
+# not run the unoptimized model at all. The logical and bitwise operators, ``where``,
+# casts, sums and data movement compile on booleans and are left alone.
+ON_NUMBERS_ONLY = (
+    "less", "greater", "less_equal", "greater_equal", "equal", "not_equal",
+    "add", "subtract", "multiply", "divide", "floor_divide", "floor_mod", "mod", "power", "maximum", "minimum",
+    "clip", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "sort", "argsort", "topk",
+)  # fmt: skip
+_COMPARISONS = {f"relax.{name}" for name in ON_NUMBERS_ONLY[:6]}
+_OPERATORS = {f"relax.{name}" for name in ON_NUMBERS_ONLY}
+# Any value, the operator checked by name: an alternative of 26 call patterns (``|``) does not
+# match binary calls in TVM 0.27's matcher.
+_on_numbers = wildcard()
+
+
+def _is_boolean(expr: relax.Expr) -> bool:
+    return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == "bool"
+
+
+def _booleans_as_integers(matches: Matches, single_use: set) -> relax.Expr | None:
+    call = matches[_on_numbers]
+    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in _OPERATORS):
+        return None
+    if not any(map(_is_boolean, call.args)):
+        return None
+    # int32: a count (cumsum) of booleans needs more than a byte.
+    args = [relax.op.astype(arg, "int32") if _is_boolean(arg) else arg for arg in call.args]
+    computed = relax.Call(call.op, args, call.attrs, call.ty_args)
+    if _is_boolean(call) and call.op.name not in _COMPARISONS:
+        return relax.op.astype(computed, "bool")  # nonzero is true: add is or, multiply is and, as in torch
+    return computed
+
+
+# An operator on booleans computed on their 0/1 integers, its result cast back to booleans
+# where it was declared boolean.
+BOOLEANS_AS_INTEGERS = PatternRewrite("booleans_as_integers", _on_numbers, _booleans_as_integers)
