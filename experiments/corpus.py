@@ -26,7 +26,6 @@ Tried and dropped:
 - patchtst, patchtsmixer: ``Tensor.unfold`` cuts the series into patches, which TVM's importer
   lacks (collage's import of the torch module decomposes it), and torch's ONNX export of them
   fails ONNX Runtime's shape inference.
-- longt5 (transient-global attention): TVM's build fails on the Relax module ("MatchesCode(kDLFloat)").
 - mixtral: its experts' routing (histc, grouped_mm) is in neither TVM's importer nor ONNX.
 """
 
@@ -249,6 +248,10 @@ CORPUS: dict[str, CorpusModel] = {
     "mt5_encoder": _text(
         "text-encoder", "MT5EncoderModel", "MT5Config", "mT5's encoder (gated GELU, relative position buckets), 2 layers",
         d_model=256, d_kv=64, d_ff=640, num_layers=2, num_heads=4,
+    ),
+    "longt5_encoder": _text(
+        "text-encoder", "LongT5EncoderModel", "LongT5Config", "LongT5's encoder (transient-global attention), 2 layers",
+        d_model=256, d_kv=64, d_ff=640, num_layers=2, num_heads=4, encoder_attention_type="transient-global",
     ),
     "esm": _text(
         "text-encoder", "EsmModel", "EsmConfig", "ESM-2 (protein language model: rotary, pre-LN), 256 wide, 2 layers",

@@ -147,23 +147,27 @@ def test_what_the_importer_lacks_is_imported_decomposed(model, shape):
         np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-6)
 
 
-class RunningCounts(torch.nn.Module):
-    """A mask's running count and an int32 running sum, as position ids are made from an
-    attention mask: torch counts both in int64, TVM's importer typed them as their inputs."""
+class Promotes(torch.nn.Module):
+    """What torch computes in a promoted dtype and TVM's importer computed in the input's:
+    integers times, plus or divided by floats, integers divided truly (LongT5's
+    ``ones_like(mask) / 16`` was 0), a mask's running count (booleans), and ``//`` of int64 by
+    a number, which the importer refused."""
 
     def forward(self, x, ids):
-        return (x > 0).cumsum(-1), ids.cumsum(-1), (x > 0).cumprod(-1)
+        mask = x > 0
+        return (ids * 0.5, ids / 16, 1.5 - ids, mask * 0.5, ids // 2.5, ids**0.5, mask.cumsum(-1), ids.cumsum(-1),
+                mask.cumprod(-1), ids.long() // 4, torch.div(ids.long() - 5, 4, rounding_mode="floor"))  # fmt: skip
 
 
-def test_a_running_count_is_imported_in_the_dtype_torch_counts_in():
-    x, ids = torch.randn(2, 9), torch.randint(0, 5, (2, 9), dtype=torch.int32)
-    model = RunningCounts().eval()
+def test_what_torch_computes_in_a_promoted_dtype_is_imported_in_that_dtype():
+    x, ids = torch.randn(2, 9), torch.randint(0, 50, (2, 9), dtype=torch.int32)
+    model = Promotes().eval()
     mod = import_model(model, example_inputs=(x, ids)).mod
     vm = tvm.relax.VirtualMachine(tvm.compile(defined(mod)[0], target="llvm"), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(ids.numpy()))
     for out, want in zip(got, model(x, ids), strict=True):
-        assert out.numpy().dtype == np.int64
-        np.testing.assert_array_equal(out.numpy(), want.numpy())
+        assert out.numpy().dtype == want.numpy().dtype
+        np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-6)
 
 
 class Diverges(torch.nn.Module):

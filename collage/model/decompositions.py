@@ -9,13 +9,15 @@ operators it calls, or ``NotImplemented`` where the operator is fine as it is.
 ``frontend.relax_of`` applies the table only to a program the importer refused, so every
 other program is imported exactly as TVM's importer would.
 
-One thing the importer converts wrong rather than refuses: a running sum or product of
-booleans or small integers, which torch counts in int64 and the importer types as its input
-(``with_result_dtypes``: a mask's running count came out as booleans). That dtype is made
-explicit in every program.
+What the importer converts wrong rather than refuses: arithmetic that torch computes in a
+promoted dtype (an integer tensor times a float, integers divided truly), which the importer
+computes in the tensor's own dtype, and running sums of booleans, which torch counts in int64
+(``with_result_dtypes``). Those dtypes are made explicit in every program.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 
 def _unfold(x, dimension: int, size: int, step: int):
@@ -63,21 +65,58 @@ def _divided_by_a_tensor(divide):
     return decomposition
 
 
+# Arithmetic whose result torch computes in the promoted dtype of its operands: an integer
+# tensor with a float number (``positions * 0.5``), or divided truly (``ones / 16``). TVM's
+# importer computes it in the tensor's own dtype: LongT5's ``ones_like(mask) / 16`` gave 0 for
+# 0.0625, its outputs 7% off, and ``mask * 0.5`` of a boolean mask gave booleans.
+_PROMOTING = ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor", "rsub.Scalar", "mul.Tensor",
+              "mul.Scalar", "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode", "true_divide.Tensor",
+              "floor_divide.default", "floor_divide.Scalar", "remainder.Tensor", "remainder.Scalar", "fmod.Tensor",
+              "fmod.Scalar", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "maximum.default", "minimum.default")  # fmt: skip
+# A running sum or product of booleans or integers, which torch counts in int64.
+_RUNNING = ("cumsum.default", "cumprod.default")
+
+
 def with_result_dtypes(program):
-    """``program`` with each running sum or product given its result's dtype explicitly where
-    torch's promotion (booleans and integers to int64) makes it differ from its input's: TVM's
-    importer reads the dtype only from the call (``dtype=``) and otherwise keeps the input's.
-    The same computation; the program is changed in place."""
+    """``program`` with the dtypes torch computes in made explicit where TVM's importer
+    would compute in another: each tensor operand of promoting arithmetic (``_PROMOTING``) cast
+    to the result's dtype first, and a running sum or product (``_RUNNING``) given it as its
+    ``dtype=`` (the importer reads only that, and otherwise keeps the input's: a mask's
+    running count came out as booleans). The same computation; the program is changed in place."""
     import torch
 
-    running = (torch.ops.aten.cumsum.default, torch.ops.aten.cumprod.default)
-    for node in program.graph.nodes:
-        if node.op != "call_function" or node.target not in running or "dtype" in node.kwargs:
+    graph = program.graph
+    for node in list(graph.nodes):
+        result = node.meta.get("val") if node.op == "call_function" else None
+        if not isinstance(result, torch.Tensor) or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        result, source = node.meta.get("val"), node.args[0].meta.get("val")
-        if result is not None and source is not None and result.dtype != source.dtype:
+        name = node.target.__name__  # "mul.Tensor", as the importer's table names it
+        if name in _RUNNING and "dtype" not in node.kwargs and _dtype(node.args[0]) not in (None, result.dtype):
             node.kwargs = {**node.kwargs, "dtype": result.dtype}
+        elif name in _PROMOTING:
+            node.args = tuple(_cast(graph, node, arg, result.dtype) for arg in node.args)
     return program
+
+
+def _dtype(arg):
+    value = arg.meta.get("val") if hasattr(arg, "meta") else None
+    return getattr(value, "dtype", None)
+
+
+def _cast(graph, node, arg, dtype):
+    """``arg`` (an argument of ``node``) as ``dtype``, by a cast inserted before ``node`` where
+    it is a tensor of another dtype."""
+    import torch
+    from torch._guards import detect_fake_mode
+
+    value = arg.meta.get("val") if hasattr(arg, "meta") else None
+    if not isinstance(value, torch.Tensor) or value.dtype == dtype:
+        return arg
+    with graph.inserting_before(node):
+        cast = graph.call_function(torch.ops.aten._to_copy.default, (arg,), {"dtype": dtype})
+    with detect_fake_mode([value]) or contextlib.nullcontext():
+        cast.meta["val"] = value.to(dtype)
+    return cast
 
 
 def table() -> dict:
