@@ -25,7 +25,7 @@ from .measuring.build import REFERENCE_TARGET, reference_vm, values_target
 from .errors import first_line
 from .measuring.arrays import Reference, mismatch, numpy_outputs, random_inputs, static_shape, to_tensors
 from .model.graph import DataflowGraph
-from .model.asserts import assert_message, asserts, without_asserts_that_hold
+from .model.asserts import without_asserts, without_asserts_that_hold
 from .model.simplify import BOOLEANS_AS_INTEGERS, WRAP_NEGATIVE_TAKE_INDICES, SimplifyReport, simplify
 
 
@@ -100,10 +100,15 @@ def prepare_model(
         raise OptimizeError("the 'tvm' backend must be among the backends: it is the fallback for every operator")
     log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)
     onnx_model = None if onnx_model is None else onnx_proto(onnx_model)
-    prepared, report, failed = original, None, None
+    prepared, checks = without_asserts(original)
+    if checks:
+        rewritten.append(f"{len(checks)} run-time check(s) of the inputs (the first: {checks[0]!r}) not made by the "
+                         "placed module, as in torch's ONNX export: it computes the same on inputs that pass them, "
+                         "and refuses none")  # fmt: skip
+    report, failed = None, None
     if config.simplify:
         try:
-            prepared, report = simplify(original, report=True)
+            prepared, report = simplify(prepared, report=True)
         except Exception as err:  # noqa: BLE001 -- a TVM pass failing on this model: place it as given
             failed = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
     arrays = random_inputs(original["main"], config.seed)
@@ -243,11 +248,6 @@ def dataflow_graph(mod: tvm.IRModule) -> DataflowGraph:
     try:
         return DataflowGraph.from_module(relax.transform.ConvertToDataflow(min_size=1)(mod))
     except ValueError as err:
-        checks = asserts(main)
-        if checks:  # of the inputs (checks of constants that hold are gone: ``without_asserts_that_hold``)
-            first = assert_message(checks[0])
-            raise Unplaceable(f"main checks its inputs at run time ({len(checks)} R.assert_op, the first: {first!r}), "
-                              "which splits the dataflow collage places") from None  # fmt: skip
         raise Unplaceable(f"main cannot be placed: {err}") from None
 
 

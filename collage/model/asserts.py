@@ -7,7 +7,8 @@ ones it makes itself). An assertion splits the dataflow collage places into piec
 model could not be placed at all: the whole model ran on TVM. Where a check reads only
 constants, its outcome is known before the model runs: evaluated once here, by TVM, a check
 that holds is dropped (and one that fails is kept: running the model raises, as it would).
-A check of the model's inputs stays; ``prepare.dataflow_graph`` then says why nothing is placed.
+A check of the model's inputs stays in the unoptimized model every placement is checked
+against, and is dropped, with a note, from the module collage places (``without_asserts``).
 """
 
 from __future__ import annotations
@@ -39,22 +40,31 @@ def assert_message(check: relax.Call) -> str:
 def without_asserts_that_hold(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     """``mod`` without the checks in ``main`` that read only constants and hold, and how many
     were dropped. With none left, ``main`` is pure again (as the importer would have made it)."""
+    checks = asserts(mod["main"])
+    holding = _holding(checks, {b.var: b for block in mod["main"].body.blocks for b in block.bindings}) if checks else []
+    return (_without(mod, holding), len(holding)) if holding else (mod, 0)
+
+
+def without_asserts(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
+    """``mod`` without any of ``main``'s checks, and what each said: the module collage places,
+    where a check of the inputs would split the dataflow (LongT5's ``one_hot`` of block ids
+    computed from its attention mask). It computes the same on inputs that pass them and
+    refuses none; torch's ONNX export drops them too, and the engines run that file so."""
+    checks = asserts(mod["main"])
+    return (_without(mod, checks), [assert_message(c) for c in checks]) if checks else (mod, [])
+
+
+def _without(mod: tvm.IRModule, checks: list[relax.Call]) -> tvm.IRModule:
     main = mod["main"]
-    checks = asserts(main)
-    if not checks:
-        return mod, 0
-    holding = _holding(checks, {b.var: b for block in main.body.blocks for b in block.bindings})
-    if not holding:
-        return mod, 0
     blocks = []
     for block in main.body.blocks:
-        kept = [b for b in block.bindings if not any(b.value.same_as(check) for check in holding)]
+        kept = [b for b in block.bindings if not any(b.value.same_as(check) for check in checks)]
         blocks.append(type(block)(kept))
-    pure = len(holding) == len(checks)
-    body = relax.SeqExpr(blocks, main.body.body)
+    pure = len(checks) == len(asserts(main))
     rewritten = mod.clone()
+    body = relax.SeqExpr(blocks, main.body.body)
     rewritten["main"] = relax.Function(main.params, body, main.ret_ty, pure or main.is_pure, main.attrs)
-    return relax.transform.Normalize()(rewritten), len(holding)
+    return relax.transform.Normalize()(rewritten)
 
 
 def _is_assert(value) -> bool:
