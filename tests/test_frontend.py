@@ -10,7 +10,7 @@ import torch
 import tvm
 
 import collage
-from collage.model.frontend import ModelImportError, import_model, unsound_ort_rewrites
+from collage.model.frontend import ModelImportError, _program_disagrees, import_model, unsound_ort_rewrites
 from collage.prepare import defined
 from collage.measuring.timing import Timing
 from collage.record import FinalistKind, FinalistName
@@ -179,6 +179,11 @@ class Diverges(torch.nn.Module):
         return x * 2.0 if torch.compiler.is_compiling() else x * 3.0
 
 
+class Noisy(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.rand_like(x)
+
+
 def test_a_program_that_computes_otherwise_than_its_module_is_imported_from_the_onnx_export():
     x = torch.randn(2, 5)
     imported = import_model(Diverges().eval(), example_inputs=x)
@@ -188,6 +193,10 @@ def test_a_program_that_computes_otherwise_than_its_module_is_imported_from_the_
     vm = tvm.relax.VirtualMachine(tvm.compile(imported.mod, target="llvm"), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x.numpy()))
     np.testing.assert_allclose((got if hasattr(got, "numpy") else got[0]).numpy(), x.numpy() * 3.0, rtol=1e-6)
+    # A module that draws random numbers is compared from one seed; the caller's draws go on as they would.
+    state = torch.random.get_rng_state()
+    assert _program_disagrees(Noisy().eval(), torch.export.export(Noisy().eval(), (x,)), x) is None
+    assert torch.equal(torch.random.get_rng_state(), state)
 
 
 class OneHotBlocks(torch.nn.Module):
