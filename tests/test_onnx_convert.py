@@ -186,6 +186,9 @@ CASES = [
     ("floor_divide_int", function(
         lambda a: op.floor_divide(op.subtract(a, relax.const(4, "int64")), relax.const(3, "int64")), IDS)),
     ("floor_divide_float", function(lambda x, y: op.floor_divide(x, positive(y)), X, X)),
+    ("floor_int", function(op.floor, IDS)),  # the floor of an integer division, as TVM's PyTorch importer writes it
+    ("ceil_int", function(op.ceil, IDS)),
+    ("round_int", function(op.round, IDS)),
     ("leakyrelu", function(lambda x: nn.leakyrelu(x, 0.1), X)),
     ("prelu", function(lambda x, a: nn.prelu(x, a), IMG, t(4))),
     ("prelu_last_axis", function(lambda x, a: nn.prelu(x, a, axis=2), X, t(4))),

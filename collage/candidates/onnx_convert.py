@@ -151,11 +151,11 @@ _SAME_OPS = {
     "relax.logical_and": "And", "relax.logical_or": "Or", "relax.logical_not": "Not",
     "relax.nn.relu": "Relu", "relax.sigmoid": "Sigmoid", "relax.tanh": "Tanh", "relax.exp": "Exp",
     "relax.log": "Log", "relax.sqrt": "Sqrt", "relax.erf": "Erf", "relax.negative": "Neg",
-    "relax.abs": "Abs", "relax.floor": "Floor", "relax.ceil": "Ceil", "relax.where": "Where",
+    "relax.abs": "Abs", "relax.where": "Where",
     "relax.logical_xor": "Xor", "relax.sin": "Sin", "relax.cos": "Cos", "relax.tan": "Tan",
     "relax.asin": "Asin", "relax.acos": "Acos", "relax.atan": "Atan", "relax.sinh": "Sinh",
     "relax.cosh": "Cosh", "relax.asinh": "Asinh", "relax.acosh": "Acosh", "relax.atanh": "Atanh",
-    "relax.sign": "Sign", "relax.round": "Round", "relax.isnan": "IsNaN", "relax.isinf": "IsInf",
+    "relax.sign": "Sign", "relax.isnan": "IsNaN", "relax.isinf": "IsInf",
     "relax.nn.selu": "Selu",  # ONNX's default alpha and gamma are SELU's constants, as TVM's
 }  # fmt: skip
 for _relax_op, _onnx_op in _SAME_OPS.items():
@@ -184,6 +184,17 @@ def _rsqrt(g, call):
 def _square(g, call):
     x = g.tensor(call.args[0])
     return g.op("Mul", [x, x])
+
+
+_ROUNDING = {"relax.floor": "Floor", "relax.ceil": "Ceil", "relax.round": "Round"}
+
+
+@_converts(*_ROUNDING)
+def _rounding(g, call):
+    """ONNX rounds floats only; an integer is its own floor (TVM's importer writes the floor of
+    an integer division of integers, LongT5's block ids)."""
+    x = g.tensor(call.args[0])
+    return g.op(_ROUNDING[call.op.name] if dtype_of(call.ty).startswith("float") else "Identity", [x])
 
 
 @_converts("relax.trunc")

@@ -65,22 +65,35 @@ def _divided_by_a_tensor(divide):
     return decomposition
 
 
-# Arithmetic whose result torch computes in the promoted dtype of its operands: an integer
-# tensor with a float number (``positions * 0.5``), or divided truly (``ones / 16``). TVM's
-# importer computes it in the tensor's own dtype: LongT5's ``ones_like(mask) / 16`` gave 0 for
-# 0.0625, its outputs 7% off, and ``mask * 0.5`` of a boolean mask gave booleans.
-_PROMOTING = ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor", "rsub.Scalar", "mul.Tensor",
-              "mul.Scalar", "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode", "true_divide.Tensor",
-              "floor_divide.default", "floor_divide.Scalar", "remainder.Tensor", "remainder.Scalar", "fmod.Tensor",
-              "fmod.Scalar", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "maximum.default", "minimum.default")  # fmt: skip
+# Operators whose result torch computes in the promoted dtype of their operands, and TVM's
+# importer in the tensor's own dtype (silently: LongT5's ``ones_like(mask) / 16`` gave 0 for
+# 0.0625, its outputs 7% off; ``mask * 0.5`` gave booleans; ``reciprocal`` of integers gave
+# integers), or refuses (``exp``, ``sigmoid`` of integers; ``where`` of integers and floats):
+# an integer tensor with a float number, integers divided truly, integers into a float
+# function. Each maps to the positions of the operands that take the result's dtype (None: all;
+# ``where``'s condition stays boolean).
+_ALL = None
+_PROMOTING = {
+    **dict.fromkeys(("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor", "rsub.Scalar",
+                     "mul.Tensor", "mul.Scalar", "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode",
+                     "true_divide.Tensor", "floor_divide.default", "floor_divide.Scalar", "remainder.Tensor",
+                     "remainder.Scalar", "fmod.Tensor", "fmod.Scalar", "pow.Tensor_Scalar", "pow.Tensor_Tensor",
+                     "pow.Scalar", "maximum.default", "minimum.default", "clamp.default", "clamp.Tensor"), _ALL),
+    **dict.fromkeys(("exp.default", "exp2.default", "expm1.default", "log.default", "log2.default", "log10.default",
+                     "log1p.default", "sqrt.default", "rsqrt.default", "reciprocal.default", "sigmoid.default",
+                     "tanh.default", "sin.default", "cos.default", "tan.default", "asin.default", "acos.default",
+                     "atan.default", "sinh.default", "cosh.default", "asinh.default", "acosh.default", "atanh.default",
+                     "erf.default", "erfc.default"), (0,)),
+    "where.self": (1, 2),
+}  # fmt: skip
 # A running sum or product of booleans or integers, which torch counts in int64.
 _RUNNING = ("cumsum.default", "cumprod.default")
 
 
 def with_result_dtypes(program):
     """``program`` with the dtypes torch computes in made explicit where TVM's importer
-    would compute in another: each tensor operand of promoting arithmetic (``_PROMOTING``) cast
-    to the result's dtype first, and a running sum or product (``_RUNNING``) given it as its
+    would compute in another: the operands of a promoting operator (``_PROMOTING``) cast to the
+    result's dtype first, and a running sum or product (``_RUNNING``) given it as its
     ``dtype=`` (the importer reads only that, and otherwise keeps the input's: a mask's
     running count came out as booleans). The same computation; the program is changed in place."""
     import torch
@@ -94,7 +107,9 @@ def with_result_dtypes(program):
         if name in _RUNNING and "dtype" not in node.kwargs and _dtype(node.args[0]) not in (None, result.dtype):
             node.kwargs = {**node.kwargs, "dtype": result.dtype}
         elif name in _PROMOTING:
-            node.args = tuple(_cast(graph, node, arg, result.dtype) for arg in node.args)
+            taking = _PROMOTING[name]
+            node.args = tuple(_cast(graph, node, arg, result.dtype) if taking is _ALL or k in taking else arg
+                              for k, arg in enumerate(node.args))  # fmt: skip
     return program
 
 
