@@ -66,11 +66,11 @@ class ZeroPadThenMaxPool:
 
 
 @I.ir_module
-class IntegerFloor:
+class UnsignedNegative:
     @R.function
-    def main(x: R.Tensor((4,), "int32")):
+    def main(x: R.Tensor((4,), "uint8")):
         with R.dataflow():
-            y = R.floor(x)
+            y = R.negative(x)
             R.output(y)
         return y
 # fmt: on
@@ -234,9 +234,9 @@ def test_unknown_operator_excludes_the_candidate_with_its_reason(name, target):
 
 
 def test_what_onnx_runtime_rejects_is_unsupported():
-    """ONNX's Floor takes floats only: the model converts, and ONNX Runtime says no."""
-    with pytest.raises(Unsupported, match="ONNX Runtime cannot run this sub-graph: .*Floor"):
-        engine("onnxruntime").compile(IntegerFloor["main"], "onnxruntime.fused", "llvm", 0)
+    """ONNX's Neg takes signed numbers and floats only: the model converts, and ONNX Runtime says no."""
+    with pytest.raises(Unsupported, match="ONNX Runtime cannot run this sub-graph: .*uint8"):
+        engine("onnxruntime").compile(UnsignedNegative["main"], "onnxruntime.fused", "llvm", 0)
 
 
 @pytest.mark.parametrize("name, target", CPU_ENGINES)
