@@ -197,7 +197,7 @@ def test_a_program_that_computes_otherwise_than_its_module_is_imported_from_the_
     np.testing.assert_allclose((got if hasattr(got, "numpy") else got[0]).numpy(), x.numpy() * 3.0, rtol=1e-6)
     # A module that draws random numbers is compared from one seed; the caller's draws go on as they would.
     state = torch.random.get_rng_state()
-    assert _program_disagrees(Noisy().eval(), torch.export.export(Noisy().eval(), (x,)), x) is None
+    assert _program_disagrees(Noisy().eval(), torch.export.export(Noisy().eval(), (x,)), (x,)) is None
     assert torch.equal(torch.random.get_rng_state(), state)
 
 

@@ -113,9 +113,13 @@ def with_result_dtypes(program):
     return program
 
 
+def _value(arg):
+    """What tracing found an argument of a node to be (a fake tensor), or None for a number."""
+    return arg.meta.get("val") if hasattr(arg, "meta") else None
+
+
 def _dtype(arg):
-    value = arg.meta.get("val") if hasattr(arg, "meta") else None
-    return getattr(value, "dtype", None)
+    return getattr(_value(arg), "dtype", None)
 
 
 def _cast(graph, node, arg, dtype):
@@ -124,7 +128,7 @@ def _cast(graph, node, arg, dtype):
     import torch
     from torch._guards import detect_fake_mode
 
-    value = arg.meta.get("val") if hasattr(arg, "meta") else None
+    value = _value(arg)
     if not isinstance(value, torch.Tensor) or value.dtype == dtype:
         return arg
     with graph.inserting_before(node):

@@ -63,11 +63,13 @@ def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]]
             raise ModelImportError("shapes are for an ONNX model; a PyTorch module takes example_inputs of its shapes")
         program = export_program(model, example_inputs)
         exported, note = export_onnx(model, example_inputs)
-        wrong = _program_disagrees(model, program, example_inputs)
+        inputs = _as_tuple(example_inputs)
+        wrong = _program_disagrees(model, program, inputs)
         if wrong is None:
             return Imported(relax_of(program), exported, note, program)
-        return Imported(_from_agreeing_export(model, exported, note, example_inputs, wrong), exported, note, None,
-                        f"{wrong}; imported from torch's ONNX export, which agrees with the module")  # fmt: skip
+        why, expected = wrong
+        return Imported(_from_agreeing_export(exported, note, inputs, why, expected), exported, note, None,
+                        f"{why}; imported from torch's ONNX export, which agrees with the module")  # fmt: skip
     raise ModelImportError(
         f"cannot optimize a {type(model).__name__}: collage takes a Relax tvm.IRModule, an ONNX model (a file "
         "or an onnx.ModelProto) or a PyTorch module (torch.nn.Module with example_inputs)"
@@ -93,9 +95,8 @@ def export_program(module, example_inputs):
         return module
     if example_inputs is None:
         raise ModelImportError("a PyTorch module needs example_inputs: a tensor, or a tuple of them, of the shapes it takes")
-    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     try:
-        return torch.export.export(module, inputs)
+        return torch.export.export(module, _as_tuple(example_inputs))
     except Exception as err:  # noqa: BLE001 -- torch.export's errors share no type
         raise ModelImportError(f"torch.export cannot export the module: {type(err).__name__}: {first_line(err)}") from None
 
@@ -105,22 +106,22 @@ def export_program(module, example_inputs):
 EXPORT_RTOL = 1e-3
 
 
-def _program_disagrees(module, program, example_inputs) -> str | None:
+def _program_disagrees(module, program, inputs: tuple) -> tuple[str, list] | None:
     """Where ``torch.export``'s ``program`` computes otherwise than ``module`` on the example
-    inputs, a line saying by how much; else None. Exporting traces with
-    ``is_torchdynamo_compiling()`` true, and libraries branch on it: transformers' LongT5 then
-    leaves its attention mask unset and its transient-global attention computes something else
-    (1.22 off outputs of 4.2). Collage would have been faithful to the program, not the module."""
+    ``inputs``: a line saying by how much, and the module's outputs; else None. Exporting
+    traces with ``is_torchdynamo_compiling()`` true, and libraries branch on it: transformers'
+    LongT5 then leaves its attention mask unset and its transient-global attention computes
+    something else (1.22 off outputs of 4.2). Collage would have been faithful to the program,
+    not the module."""
     import torch
 
     if isinstance(module, torch.export.ExportedProgram):
         return None  # the user's own program: nothing else to agree with
-    inputs = _as_tuple(example_inputs)
     expected, got = _outputs(module, inputs), _outputs(program.module(), inputs)
     error = _largest_error(got, expected)
     if error is None or _largest_error(_outputs(module, inputs), expected) is not None:
         return None  # they agree, or the module does not agree with itself (it draws what the seed does not fix)
-    return f"torch.export's program computes otherwise than the module ({error})"
+    return f"torch.export's program computes otherwise than the module ({error})", expected
 
 
 def _outputs(module, inputs: tuple) -> list:
@@ -133,16 +134,15 @@ def _outputs(module, inputs: tuple) -> list:
         return _tensors(module(*inputs))
 
 
-def _from_agreeing_export(module, exported, note: str | None, example_inputs, wrong: str) -> tvm.IRModule:
-    """The Relax module of torch's ONNX export of ``module`` where it agrees with the module
-    (run by ONNX Runtime on the example inputs); ``ModelImportError`` where there is none."""
+def _from_agreeing_export(exported, note: str | None, inputs: tuple, wrong: str, expected: list) -> tvm.IRModule:
+    """The Relax module of torch's ONNX export (``exported``) where it agrees with the
+    module's outputs on ``inputs`` (``expected``), run by ONNX Runtime; ``ModelImportError``
+    where there is none."""
     import onnxruntime as ort
     import torch
 
     if exported is None:
         raise ModelImportError(f"{wrong}, and there is no ONNX export to import instead ({note})")
-    inputs = _as_tuple(example_inputs)
-    expected = _outputs(module, inputs)
     session = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     error = "it takes other inputs"
@@ -180,6 +180,7 @@ def _tensors(outputs) -> list:
 
 
 def _as_tuple(example_inputs) -> tuple:
+    """Example inputs as given (a tensor, or a tuple or list of them) as a tuple."""
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
@@ -212,7 +213,7 @@ def export_onnx(module, example_inputs) -> tuple[object | None, str | None]:
 
     if isinstance(module, torch.export.ExportedProgram):
         module = module.module()
-    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    inputs = _as_tuple(example_inputs)
     buffer = io.BytesIO()
     try:
         # With gradients on, as users export: under no_grad, nn.TransformerEncoderLayer and
