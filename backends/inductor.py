@@ -1,14 +1,22 @@
-"""PyTorch's inductor (``torch.compile``): a whole-graph compiler on the GPU, in TensorRT's place.
+"""PyTorch's inductor (``torch.compile``): a whole-graph compiler on the GPU, in TensorRT's place,
+and on the CPU the user's own module compiled whole.
 
 A candidate becomes a ``torch.fx`` graph of ATen ops (``collage.candidates.fx_convert``),
 compiled by ``torch.compile`` (inductor: Triton kernels for what it fuses, cuDNN and cuBLAS
 for convolutions and matmuls). Like the ONNX engines on the CPU it optimizes across kernels,
 so it offers regions only (``max_size=0``): its largest regions, their parts at single-tensor
 cuts, and the whole model when every op converts ("inductor alone"). When the user hands
-over a PyTorch module, its own ``torch.export`` program compiled whole is a finalist too
-(``compile_program``), as ``torch.compile`` of that module would run. Compiling takes seconds
-per candidate; each is compiled at ``compile`` time, with inputs of the right shapes, so no
-compile ever falls inside a CUDA graph's capture.
+over a PyTorch module, ``torch.compile`` of that very module is a finalist too
+(``compile_program``), as its users would call it. Compiling takes seconds per candidate;
+each is compiled at ``compile`` time, with inputs of the right shapes, so no compile ever
+falls inside a CUDA graph's capture.
+
+On the CPU it offers no candidates (``candidates_on``), only the user's module compiled
+whole: each candidate is seconds of C++ compile there (Mamba's whole graph 36 s on a 2-core
+Zen 4), and on collage's graph its kernels were no faster than the engines' (Mamba: 3.5-3.7
+ms against OpenVINO's 3.4). The user's module is another matter: transformers' Mamba takes
+its associative scan only under ``torch.compile``, never when exported, and ran in 1.15 ms
+against 1.75 for its exported program compiled alike (same process, 2 threads).
 
 Compiled ahead of time: candidates go through AOTInductor, which writes a
 package (``.pt2``: the generated kernels and a C++ wrapper, weights inside) that any process
@@ -35,8 +43,10 @@ import contextlib
 import copy
 import functools
 import hashlib
+import importlib.util
 import os
 import platform
+import shutil
 import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -45,12 +55,13 @@ from pathlib import Path
 from tvm import relax
 
 from collage.errors import first_line
+from collage.measuring.cost import cpu_info
 from collage.patterns.fusion import never_fuse
 
 from collage.candidates.backend import GRAPH_LEVEL, Backend, installed_version
 from collage.candidates.fx_convert import convertible, to_fx
 from collage.candidates.pattern import PatternRule
-from collage.candidates.precision import BFLOAT16, FLOAT16, FLOAT32, TF32
+from collage.candidates.precision import BFLOAT16, FLOAT16, FLOAT32, TF32, bf16_unavailable
 from collage.candidates.static import dtype_of, static_shape
 
 # The precisions computed under ``torch.autocast`` (named as torch names their dtypes): its
@@ -62,7 +73,27 @@ AUTOCAST = (BFLOAT16, FLOAT16)
 def probe(target: str) -> str | None:
     import torch
 
+    if target == "llvm":
+        return _no_cpp_compiler()
+    if importlib.util.find_spec("triton") is None:
+        return "missing Python module(s): triton (inductor's GPU kernels)"
     return None if torch.cuda.is_available() else "PyTorch has no CUDA device (CPU build or no GPU)"
+
+
+def _no_cpp_compiler() -> str | None:
+    """Why inductor cannot compile for the CPU here (it writes C++ and compiles it with the
+    compiler ``$CXX`` names, else ``g++``, as its ``config.cpp.cxx`` searches), or None.
+    Looked up on the path rather than asked of inductor, whose import takes a second."""
+    compiler = os.environ.get("CXX") or "g++"
+    return None if shutil.which(compiler) else f"no C++ compiler ({compiler}) for inductor's CPU kernels"
+
+
+def _precisions(target: str) -> tuple[str, ...]:
+    """TF32, bfloat16 and float16 on the GPU's tensor cores; on the CPU bfloat16 where it is
+    computed natively (AVX512_BF16, AMX), as ``torch.autocast`` computes it there."""
+    if target == "cuda":
+        return (TF32, *AUTOCAST)
+    return () if bf16_unavailable(cpu_info()["isa"]) else (BFLOAT16,)
 
 
 def _settings(precision: str, device: str):
@@ -284,14 +315,25 @@ def _package_key(module, examples: list, device: str, precision: str) -> str:
     return digest.hexdigest()
 
 
-def compile_program(program, main, target: str, threads: int, precision: str = FLOAT32):
-    """The user's own ``torch.export`` program compiled whole, as ``torch.compile`` of their
-    module compiles it (attention as PyTorch's fused kernels, not as collage's graph has it),
-    in place of ``main``, the Relax function imported from it."""
+def compile_program(program, main, target: str, threads: int, precision: str = FLOAT32, module=None):
+    """The user's ``module`` compiled whole, as ``torch.compile`` of it runs (attention as
+    PyTorch's fused kernels, not as collage's graph has it; a library's branches for the
+    compiler taken), in place of ``main``, the Relax function imported from its ``torch.export``
+    ``program``. Without ``module`` (the user handed over a program, or an export loads
+    one), or where Dynamo cannot capture it whole, the program is compiled instead."""
+    device = _device(target)
+    _remember_isa_probes()  # torch.compile for the CPU asks them too
+    if module is not None:
+        try:
+            return _compiled_whole(module, main, device, precision)
+        except Exception:  # noqa: BLE001 -- a graph break, or what inductor fails on: the program, as exported
+            pass
+    return _compiled_whole(program.module(), main, device, precision)
+
+
+def _compiled_whole(module, main, device: str, precision: str):
     import torch
 
-    device = _device(target)
-    module = program.module()
     if device != "cpu":  # Module.to moves parameters in place, and these are the user's module's own
         module = copy.deepcopy(module).to(device)
     return _kernel(torch.compile(module, fullgraph=True, dynamic=False), main, device, precision)
@@ -336,10 +378,34 @@ def _kernel(compiled, func, device: str, precision: str):
                 torch.from_dlpack(out).copy_(result)
 
     if device == "cpu":
+        kernel.plain = _plain_call(compiled, func, precision)
         return kernel
     kernel = on_tvm_stream(kernel)
     kernel.bound = lambda tensors: _replayed(kernel, tensors)
     return kernel
+
+
+def _plain_call(compiled, func, precision: str):
+    """``compiled``'s own call on numpy arrays, one per input, returning its outputs as numpy
+    arrays that share its new tensors' memory (``Kernel.plain``): ``opt(x)`` then costs what
+    ``torch.compile``'s call costs. Dynamo would compile again for another shape or dtype
+    where an engine refuses one, so each input's is checked first (a microsecond each)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    expected = [(tuple(static_shape(p.ty)), getattr(torch, dtype_of(p.ty))) for p in func.params]
+    returned = func.ret_ty.fields if isinstance(func.ret_ty, relax.TupleType) else [func.ret_ty]
+    dtypes = [getattr(torch, dtype_of(t)) for t in returned]  # under autocast, float32 as the buffers are
+
+    def plain(arrays):
+        tensors = [torch.from_numpy(a) for a in arrays]
+        for t, (shape, dtype) in zip(tensors, expected):
+            if t.shape != shape or t.dtype != dtype:
+                raise ValueError(f"expected {dtype} of shape {shape}, got {t.dtype} of shape {tuple(t.shape)}")
+        with _settings(precision, "cpu"):
+            return [t.to(dtype).numpy() for t, dtype in zip(tree_leaves(compiled(*tensors)), dtypes)]
+
+    return plain
 
 
 def _replayed(kernel, tensors):
@@ -361,15 +427,16 @@ def _replayed(kernel, tensors):
 BACKEND = Backend(
     name="inductor",
     kind=GRAPH_LEVEL,
-    targets=("cuda",),
+    targets=("cuda", "llvm"),
+    candidates_on=("cuda",),
     compile=compile,
     compile_program=compile_program,
     rules=(PatternRule("inductor.fused", convertible, never_fuse, max_size=0),),
-    requires=("torch", "triton"),
+    requires=("torch",),
     probe=probe,
     # The algorithms of cuDNN's benchmark since stop 58: costs logged before, of its heuristic's, are not reused.
     library=f"inductor in PyTorch {installed_version('torch')} (torch.compile, cuDNN's benchmark)",
-    precisions=lambda target: (TF32, *AUTOCAST),
+    precisions=_precisions,
     graph_safe=True,
     compile_cache=True,
     prepare=prepare,

@@ -186,11 +186,11 @@ def optimize_with(
         record.left_out["torch.export's program"] = imported.program_note
     stage("preparing")
     record.optimized_for, record.not_here = _device_optimized_for(config)
-    program = imported.program
+    program, module = imported.program, imported.module
     if program is not None and record.optimized_for is not None:
         record.left_out["the PyTorch module compiled whole"] = "a PyTorch program is not sent to the fleet"
-        program = None
-    model = prepare_model(config, imported.mod, backends, cost_log, params, onnx_model, calibration, program)
+        program = module = None
+    model = prepare_model(config, imported.mod, backends, cost_log, params, onnx_model, calibration, program, module)
     record.calibration_sets = len(model.calibration)
     original, prepared, usable, backend_set, log = model.original, model.prepared, model.usable, model.backends, model.log
     record.simplify_failed, record.rewritten = model.simplify_failed, model.rewritten
@@ -288,8 +288,8 @@ def optimize_with(
                                                     offered, record.left_out))  # fmt: skip
     if model.program is not None:
         with _seconds_into(record.assembled_s, "the engines on the PyTorch module"):
-            finalists.update(policy.engines_on_program(original, graph, usable, model.program, reference, config,
-                                                       offered, record.left_out))  # fmt: skip
+            finalists.update(policy.engines_on_program(original, graph, usable, model.program, model.module, reference,
+                                                       config, offered, record.left_out))  # fmt: skip
     if not finalists:
         raise OptimizeError("no finalist is left: " + "; ".join(record.left_out.values()))
     errors = {}

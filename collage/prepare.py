@@ -47,6 +47,7 @@ class Model:
     arrays: list[np.ndarray]  # seeded inputs
     calibration: list[list[np.ndarray]]  # the user's input sets for the accuracy budget (or none)
     program: object | None = None  # the PyTorch module's torch.export program, for an engine to compile whole
+    module: object | None = None  # the user's torch.nn.Module it exports, which such an engine compiles first
 
     @functools.cached_property
     def expected(self) -> list[np.ndarray]:
@@ -84,6 +85,7 @@ def prepare_model(
     onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
     calibration: Iterable | None = None,
     program=None,
+    module=None,
 ) -> Model:
     """Bind, check and simplify ``mod``; gather the backends and the log; draw the seeded
     inputs; check the ``calibration`` sets (``checked_calibration``). ``OptimizeError`` for
@@ -113,7 +115,7 @@ def prepare_model(
             failed = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
     arrays = random_inputs(original["main"], config.seed)
     return Model(original, prepared, report, failed, rewritten, asked, usable, excluded, log, onnx_model, config,
-                 arrays, calibration, program)  # fmt: skip
+                 arrays, calibration, program, module)  # fmt: skip
 
 
 def defined(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:

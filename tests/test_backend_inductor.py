@@ -39,10 +39,18 @@ def test_it_offers_regions_only_and_the_whole_model_among_them():
 
 
 def test_it_serves_cuda_graph_safe_in_four_precisions():
-    assert BACKEND.targets == ("cuda",) and BACKEND.unavailable_reason("llvm") == "does not serve target 'llvm'"
+    assert BACKEND.serving("cuda") is BACKEND
     assert cuda_graph_blocker([BACKEND, cudnn.BACKEND, cublas.BACKEND, tvm_backend.BACKEND]) is None
     assert BACKEND.reduced_precisions("cuda") == (TF32, BFLOAT16, FLOAT16)
     assert cudnn.BACKEND.reduced_precisions("cuda") == cublas.BACKEND.reduced_precisions("cuda") == (TF32,)
+
+
+def test_on_the_cpu_it_offers_no_candidates_only_the_users_module_compiled_whole():
+    graph = zoo_graph("mobilenet_v2", simplified=True)
+    on_cpu = BACKEND.serving("llvm")
+    assert generate(graph, [on_cpu]) == [] and on_cpu.compile_program is BACKEND.compile_program
+    # bfloat16 where the CPU computes it natively, as torch.autocast does there; no TF32 or float16.
+    assert on_cpu.reduced_precisions("llvm") in ((), (BFLOAT16,))
 
 
 def run_kernel(func, precision=FLOAT32):
@@ -269,7 +277,7 @@ from collage.measuring.warm import warm
 from tests.helpers import zoo_graph
 
 print("the script runs", flush=True)
-on_cpu = dataclasses.replace(inductor.BACKEND, targets=("llvm",), probe=None, requires=("torch",))  # no triton here
+on_cpu = dataclasses.replace(inductor.BACKEND, candidates_on=None)  # its candidates on the CPU too
 graph = zoo_graph("mlp", simplified=True)
 # One inductor candidate, and a TVM one beside it (a second C++ compile on 2 cores: 10 s more).
 candidates = [generate(graph, [inductor.BACKEND])[0], generate(graph, [default_backends()["tvm"]])[0]]
@@ -284,7 +292,7 @@ def test_candidates_compiled_ahead_in_parallel_processes_are_only_loaded_where_m
     each into an AOTInductor package on disk: the compile where each is then measured loads
     that package and compiles nothing, and its kernel, written into the caller's buffers,
     matches TVM. Those processes never run the user's script again (``multiprocessing``'s
-    would, where it has no main guard). Inductor serves CUDA only; compiling C++ for the CPU
+    would, where it has no main guard). Inductor offers candidates on CUDA only; compiling C++ for the CPU
     takes the same path here."""
     import dataclasses
     import json
@@ -317,7 +325,7 @@ def test_candidates_compiled_ahead_in_parallel_processes_are_only_loaded_where_m
         raise AssertionError("compiled again where it was to be loaded")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compiles)
-    on_cpu = dataclasses.replace(BACKEND, targets=("llvm",), probe=None, requires=("torch",))
+    on_cpu = dataclasses.replace(BACKEND, candidates_on=None)
     candidates = generate(zoo_graph("mlp", simplified=True), [BACKEND])[:1]
     threads = torch.get_num_threads()
     tasks = [MeasureTask(on_cpu, c.subgraph.extract(), c.pattern, "llvm", threads, 0, Timing()) for c in candidates]
@@ -402,3 +410,44 @@ def test_the_packages_kept_on_disk_stay_within_their_budget_least_recently_used_
     inductor._prune(tmp_path, keep=built)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt2", "d.1234.pt2", "e.pt2"]
     assert not oldest.exists() and not older.exists() and newest.exists() and writing.exists()
+
+
+class Wide(torch.nn.Module):
+    """Matmuls of a size where TVM's untuned kernels take many times what inductor's do."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(256, 256), torch.nn.Linear(256, 256)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def test_the_users_module_compiled_whole_is_kept_on_the_cpu_and_an_export_compiles_it_again(tmp_path, monkeypatch):
+    """On the CPU inductor offers the user's own module compiled whole, as ``torch.compile``
+    of it runs: kept here over untuned TVM, called through its own plain call, exported with
+    the module beside its program, and loaded compiling the module, not the program."""
+    import collage
+    from collage.assembling.caller import CallPath
+    from tests.quick_settings import FAST_CANDIDATES
+
+    torch.manual_seed(0)
+    model, x = Wide().eval(), torch.randn(64, 256)
+    opt = collage.optimize(model, example_inputs=x, backends=["tvm", "inductor"], cost_log=tmp_path / "c.sqlite",
+                           threads=2, timing=FAST_CANDIDATES, progress=False)  # fmt: skip
+    assert [p.pattern for p in opt.placement] == ["inductor.program"]
+    assert CallPath.ENGINE in opt.caller.paths
+    with torch.no_grad():
+        expected = model(x).numpy()
+    (got,) = opt(x.numpy())  # main imported from torch.export returns even one output in a tuple
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    exported = opt.export(tmp_path / "exported")
+    assert (exported / "kernels" / "0.module.pt").is_file()
+
+    def no_program(self):
+        raise AssertionError("the exported program was compiled, not the module")
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "module", no_program)
+    loaded = collage.load(exported)
+    (got,) = loaded(x.numpy())
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

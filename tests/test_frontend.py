@@ -38,7 +38,7 @@ def test_an_onnx_file_or_modelproto_imports_and_is_kept_for_the_engines(tmp_path
         assert isinstance(mod, tvm.IRModule) and imported.onnx_model == proto and imported.program is None
     assert import_model(proto).onnx_model is proto
     relax_mod = mod
-    assert import_model(relax_mod) == (relax_mod, None, None, None, None)
+    assert import_model(relax_mod) == (relax_mod, None, None, None, None, None)
 
 
 def test_an_onnx_model_cleaned_up_to_import_computes_what_it_did(tmp_path):
@@ -77,8 +77,8 @@ def test_a_torch_module_imports_for_its_example_inputs():
     imported = import_model(model, example_inputs=x)
     mod, onnx_model = imported.mod, imported.onnx_model
     assert [tuple(p.ty.shape) for p in mod["main"].params] == [(1, 3, 8, 8)]
-    # torch.export's program, for an engine that compiles the module whole (inductor)
-    assert isinstance(imported.program, torch.export.ExportedProgram)
+    # torch.export's program, and the module itself, for an engine that compiles it whole (inductor)
+    assert isinstance(imported.program, torch.export.ExportedProgram) and imported.module is model
     # torch.onnx.export's file, as the module's users would export it for an engine
     assert onnx_model.ir_version == 10 and onnx_model.opset_import[0].version == 17
     import onnxruntime as ort
@@ -91,7 +91,7 @@ def test_a_torch_module_imports_for_its_example_inputs():
     assert isinstance(import_model(exported).mod, tvm.IRModule)
     # An exported program (what torch.compile's backend hands over) keeps its ONNX export too.
     from_program = import_model(exported, example_inputs=x)
-    assert from_program.program is exported and from_program.onnx_note is None
+    assert from_program.program is exported and from_program.module is None and from_program.onnx_note is None
     assert {"Conv", "Relu"} <= {n.op_type for n in from_program.onnx_model.graph.node}
 
 

@@ -43,8 +43,8 @@ _assembly_ids = itertools.count()
 class KernelSource:
     """What one kernel outside TVM was compiled from: a sub-graph of the model (compiled by
     ``build.compile_kernel``), an ONNX model an engine runs whole (``onnx_model``, by
-    ``Backend.compile_onnx``), or the user's PyTorch program an engine compiles whole
-    (``program``, by ``Backend.compile_program``). ``alone``: compiled with the engine's users'
+    ``Backend.compile_onnx``), or the user's PyTorch module an engine compiles whole
+    (``module``, and the ``program`` exported from it, by ``Backend.compile_program``). ``alone``: compiled with the engine's users'
     own settings; ``beside_spinning``: compiled for a module where another library's threads
     spin after its calls (``beside_spinning``); ``precision``: the number format it computes in."""
 
@@ -55,6 +55,7 @@ class KernelSource:
     onnx_model: object | None = None  # onnx.ModelProto
     precision: str = FLOAT32
     program: object | None = None  # torch.export.ExportedProgram
+    module: object | None = None  # the torch.nn.Module it was exported from
     beside_spinning: bool = False
 
 

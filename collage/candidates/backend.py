@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from tvm import relax
@@ -80,9 +80,10 @@ class Backend:
     ``alone`` compiles with its users' own settings (threads left spinning between runs) for
     a kernel that nothing of another library runs beside: the whole model, from the user's
     ONNX file or converted, or all of it but trivial ops. An engine that compiles PyTorch
-    programs has ``compile_program(program, main, target, threads)``: a Kernel running the
-    user's own ``torch.export`` program whole, in place of the Relax ``main`` imported from it
-    (its inputs, then its outputs, in ``main``'s order). ``requires`` names the Python modules the library needs, and ``probe(target)``
+    programs has ``compile_program(program, main, target, threads, module=None)``: a Kernel
+    running the user's own ``module`` whole (or where there is none, its ``torch.export``
+    ``program``), in place of the Relax ``main`` imported from that program (its inputs, then
+    its outputs, in ``main``'s order). ``requires`` names the Python modules the library needs, and ``probe(target)``
     says why the library cannot run here (no GPU, no oneDNN in this torch build) or None;
     a backend that cannot run is excluded with that reason rather than failing later.
     ``compile_many(funcs, pattern_names, target)``, where a library compiles several
@@ -124,6 +125,7 @@ class Backend:
     compile_cache: bool = False  # its compiles leave an on-disk cache another process's compile hits
     prepare: Callable[[str], None] | None = None  # for compile_cache: their common set-up, started beside them
     spins_after_calls: bool = False  # its threads keep their cores a while after a kernel returns
+    candidates_on: tuple[str, ...] | None = None  # where it offers candidates; elsewhere whole programs only
 
     def __post_init__(self):
         if self.kind not in (OP_LEVEL, GRAPH_LEVEL):
@@ -131,6 +133,9 @@ class Backend:
         unknown = set(self.targets) - set(TARGETS)
         if unknown:
             raise ValueError(f"backend {self.name!r}: unknown target(s) {sorted(unknown)}; known: {TARGETS}")
+        unserved = set(self.candidates_on or ()) - set(self.targets)
+        if unserved:
+            raise ValueError(f"backend {self.name!r}: candidates on target(s) {sorted(unserved)} it does not serve")
         for p in self.patterns:
             if not p.name.startswith(self.name + "."):
                 raise ValueError(f"backend {self.name!r}: pattern {p.name!r} must be named '{self.name}.<what>'")
@@ -138,6 +143,13 @@ class Backend:
     def reduced_precisions(self, target: str) -> tuple[str, ...]:
         """The precisions besides float32 this backend computes in natively for ``target``."""
         return self.precisions(target) if self.precisions is not None else ()
+
+    def serving(self, target: str) -> Backend:
+        """This backend as it serves ``target``: without patterns and rules where it offers
+        no candidates there (``candidates_on``)."""
+        if self.candidates_on is None or target in self.candidates_on:
+            return self
+        return replace(self, patterns=(), rules=())
 
     def unavailable_reason(self, target: str) -> str | None:
         """Why this backend cannot run ``target`` on this machine, or None when it can."""
@@ -202,7 +214,7 @@ class BackendSet:
         for b in self:
             reason = b.unavailable_reason(target)
             if reason is None:
-                ok.append(b)
+                ok.append(b.serving(target))
             else:
                 excluded[b.name] = reason
         return ok, excluded

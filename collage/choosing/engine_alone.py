@@ -7,8 +7,8 @@ finalist: ``main`` becomes one ``call_dps_packed`` of the engine's kernel on the
 buffers. When it did not, the engine's largest region is the whole model as long as every op
 converts to ONNX, and ``blockers`` names the ops that keep it from being so. Likewise, when
 the model came as a PyTorch module, an engine that compiles PyTorch programs
-(``Backend.compile_program``: inductor) compiles the user's own program whole, as
-``torch.compile`` of the module would.
+(``Backend.compile_program``: inductor) compiles the user's own module whole, as
+``torch.compile`` of it would.
 """
 
 from __future__ import annotations
@@ -85,18 +85,19 @@ def from_onnx_file(
 
 def from_program(
     original: tvm.IRModule, graph: DataflowGraph, backend: Backend, program, target: str, threads: int = 0,
-    precision: str = FLOAT32,
+    precision: str = FLOAT32, module=None,
 ) -> tuple[Assembly, Partition]:
-    """``original``'s ``main`` as one call of ``backend`` running ``program`` (the user's
-    ``torch.export`` program ``main`` was imported from), and that call as a partition of
-    ``graph``. Raises ``EngineAloneFailed``."""
+    """``original``'s ``main`` as one call of ``backend`` running the user's ``module`` (or
+    where there is none, ``program``: the ``torch.export`` program ``main`` was imported
+    from), and that call as a partition of ``graph``. Raises ``EngineAloneFailed``."""
     try:
-        kernel = backend.compile_program(program, original["main"], target, threads, **precision_argument(precision))
+        kernel = backend.compile_program(program, original["main"], target, threads, module=module,
+                                         **precision_argument(precision))  # fmt: skip
     except Exception as err:  # the engine's own refusal: this finalist is left out with it
         raise EngineAloneFailed(f"{backend.name} cannot compile the PyTorch module: {type(err).__name__}: "
                                 f"{first_line(err)}") from None  # fmt: skip
     source = KernelSource(backend.name, f"{backend.name}{PROGRAM_SUFFIX}", alone=True, program=program,
-                          precision=precision)  # fmt: skip
+                          module=module, precision=precision)  # fmt: skip
     return _in_place_of_main(original, graph, kernel, source)
 
 
@@ -138,9 +139,9 @@ def checked_on_file(original: tvm.IRModule, graph: DataflowGraph, backend: Backe
 
 def checked_on_program(original: tvm.IRModule, graph: DataflowGraph, backend: Backend, program,
                        check: Reference, target: str, threads: int, precision: str = FLOAT32,
-                       budget: float | None = None) -> Finalist:  # fmt: skip
+                       budget: float | None = None, module=None) -> Finalist:  # fmt: skip
     """``from_program``'s module, built and checked as ``checked_on_file`` checks the file's."""
-    return _checked(lambda: from_program(original, graph, backend, program, target, threads, precision),
+    return _checked(lambda: from_program(original, graph, backend, program, target, threads, precision, module),
                     "the PyTorch module", backend, check, target, precision, budget)  # fmt: skip
 
 

@@ -204,14 +204,15 @@ def engines_on_file(original, graph, usable, model, reference: Reference, config
     return _engines_on(engines, check, FinalistKind.ENGINE_ON_FILE, "file", config, offered, notes)
 
 
-def engines_on_program(original, graph, usable, program, reference: Reference, config: Config, offered: dict,
+def engines_on_program(original, graph, usable, program, module, reference: Reference, config: Config, offered: dict,
                        notes: dict) -> dict[FinalistName, Finalist]:
     """Each engine that compiles PyTorch programs (inductor) compiling the user's own
-    ``program`` whole, as ``torch.compile`` of their module would, checked and left out as
+    ``module`` whole (its ``program`` where there is no module, or Dynamo cannot capture it
+    whole), as ``torch.compile`` of the module would, checked and left out as
     ``engines_on_file`` does: on a model handed over as a PyTorch module, collage is never
     slower than that call either."""
     engines = [b for b in usable if b.compile_program is not None]
-    check = functools.partial(checked_on_program, original, graph, program=program, check=reference)
+    check = functools.partial(checked_on_program, original, graph, program=program, module=module, check=reference)
     return _engines_on(engines, check, FinalistKind.ENGINE_ON_PROGRAM, "module", config, offered, notes)
 
 

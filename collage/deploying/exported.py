@@ -14,6 +14,8 @@
                       back faster than TVM's JSON of a whole model's weights)
     kernels/K.pt2     the user's PyTorch program (``torch.export.save``) an engine compiles
                       whole (inductor), in place of ``main``
+    kernels/K.module.pt  the user's module it was exported from (``torch.save``), which that
+                      engine compiles instead where it loads (its class importable here)
     main.json         where ``main`` is one engine's kernel: that ``main`` (TVM's JSON), so
                       the loaded module calls the kernel without the VM, as ``opt(x)`` does
 
@@ -46,6 +48,7 @@ from ..assembling.caller import Caller, CallPath
 from ..candidates.backend import Backend, BackendSet, default_backends, installed_version
 from ..candidates.onnx_convert import to_onnx
 from ..candidates.precision import FLOAT32
+from ..errors import first_line
 from ..measuring.cost import Device
 from ..measuring.build import compile_kernel, compile_module, compile_onnx_kernel, compile_program_kernel, device_for
 from ..measuring.arrays import random_array, static_shape, to_tensors
@@ -82,7 +85,7 @@ def export(opt, path: str | os.PathLike) -> Path:
     assembly = opt.assembly
     kernels = []
     for k, (partition, name, _) in enumerate(assembly.kernels):
-        source = assembly.sources[name]
+        source, module = assembly.sources[name], None
         onnx_model = source.onnx_model
         if onnx_model is None and source.alone and _reads_onnx(source.backend):
             onnx_model = to_onnx(source.subgraph.extract())  # what build.compile_kernel compiled it from
@@ -91,6 +94,7 @@ def export(opt, path: str | os.PathLike) -> Path:
 
             file = f"{KERNELS}/{k}.pt2"
             torch.export.save(source.program, path / file)
+            module = _saved_module(source.module, path / f"{KERNELS}/{k}.module.pt")
         elif onnx_model is not None:
             file = f"{KERNELS}/{k}.onnx"
             (path / file).write_bytes(onnx_model.SerializeToString())
@@ -101,7 +105,7 @@ def export(opt, path: str | os.PathLike) -> Path:
             "name": name, "backend": source.backend, "pattern": source.pattern, "alone": source.alone,
             "beside_spinning": source.beside_spinning, "precision": source.precision,
             "file": file, "library": _library(source.backend),
-        })  # fmt: skip
+        } | ({"module": module} if module else {}))  # fmt: skip
     # Compiled as optimize compiled it: on CUDA, with CUDA graphs where its kernels allow them
     # (a kernel of a backend not registered here counts as not graph-safe).
     registered = default_backends()
@@ -254,6 +258,39 @@ def _check_tvm(manifest: dict, path: Path) -> None:
         raise ExportError(f"{path}: exported with {', '.join(differ)}; TVM's compiled code loads only in the TVM that made it: export it again here")
 
 
+def _saved_module(module, file: Path) -> str | None:
+    """``module`` pickled whole into ``file`` (its class by name, its weights), and that file's
+    name relative to the export; None where it does not pickle (a class defined inside a
+    function, a lambda in it): the program is compiled in its place when loading."""
+    import torch
+
+    if module is None:
+        return None
+    try:
+        torch.save(module, file)
+    except Exception as err:  # noqa: BLE001 -- pickling fails in as many ways as objects do
+        file.unlink(missing_ok=True)
+        warnings.warn(f"{file.parent.parent}: the PyTorch module does not pickle ({type(err).__name__}: "
+                      f"{first_line(err)}); a load compiles its exported program instead", ExportWarning, stacklevel=4)
+        return None
+    return f"{KERNELS}/{file.name}"
+
+
+def _loaded_module(file: Path):
+    """The user's module from ``file`` (``_saved_module``), or None where it does not load here
+    (its class no longer importable), with a warning: its exported program is compiled instead.
+    Unpickling runs the code the export names, as loading its ``tvm.so`` does: load exports
+    you made."""
+    import torch
+
+    try:
+        return torch.load(file, weights_only=False)
+    except Exception as err:  # noqa: BLE001 -- unpickling fails in as many ways as objects do
+        warnings.warn(f"{file}: the PyTorch module does not load here ({type(err).__name__}: {first_line(err)}); "
+                      "its exported program is compiled instead", ExportWarning, stacklevel=4)  # fmt: skip
+        return None
+
+
 def _warn_if_elsewhere(manifest: dict, backends: BackendSet, path: Path, threads: int) -> None:
     """A warning for each way this machine, running ``threads`` threads, differs from the
     device the module was optimized for."""
@@ -295,8 +332,9 @@ def _kernel(entry: dict, backends: BackendSet, target: str, threads: int, path: 
         if not (path / MAIN).is_file():
             raise ExportError(f"{path}: the export lacks {MAIN}, the main its kernel {entry['name']} replaces")
         main = tvm.ir.load_json((path / MAIN).read_text())
+        module = _loaded_module(path / entry["module"]) if "module" in entry else None
         kernel, reason = compile_program_kernel(backend, torch.export.load(file), main, target, threads,
-                                                entry.get("precision", FLOAT32))
+                                                entry.get("precision", FLOAT32), module)  # fmt: skip
     else:
         func = tvm.ir.load_json(file.read_text())
         kernel, reason = compile_kernel(backend, func, entry["pattern"], target, threads, entry["alone"],

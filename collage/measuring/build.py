@@ -178,11 +178,13 @@ def compile_onnx_kernel(backend, model, target: str, threads: int, alone: bool =
     return _compiled(backend, target, lambda: backend.compile_onnx(model, target, threads, **settings))
 
 
-def compile_program_kernel(backend, program, main: relax.Function, target: str, threads: int, precision: str = FLOAT32):
-    """An engine's kernel compiling the user's PyTorch ``program`` whole in place of ``main``
-    (``Backend.compile_program``), as ``compile_kernel`` returns one."""
+def compile_program_kernel(backend, program, main: relax.Function, target: str, threads: int, precision: str = FLOAT32,
+                           module=None):  # fmt: skip
+    """An engine's kernel compiling the user's PyTorch ``module`` (or its ``program``) whole in
+    place of ``main`` (``Backend.compile_program``), as ``compile_kernel`` returns one."""
     reduced = precision_argument(precision)
-    return _compiled(backend, target, lambda: backend.compile_program(program, main, target, threads, **reduced))
+    return _compiled(backend, target,
+                     lambda: backend.compile_program(program, main, target, threads, module=module, **reduced))
 
 
 def _compiled(backend, target: str, build):

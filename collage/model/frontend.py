@@ -40,6 +40,7 @@ class Imported(NamedTuple):
     onnx_note: str | None = None  # why a PyTorch module has no ONNX export beside it
     program: object | None = None  # a PyTorch module's torch.export program, for an engine that compiles it whole
     program_note: str | None = None  # why a PyTorch module was imported from its ONNX export instead of that program
+    module: object | None = None  # the user's torch.nn.Module that program exports, for an engine to compile as its users do
 
 
 def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]] | None = None) -> Imported:
@@ -66,7 +67,8 @@ def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]]
         inputs = _as_tuple(example_inputs)
         wrong = _program_disagrees(model, program, inputs)
         if wrong is None:
-            return Imported(relax_of(program), exported, note, program)
+            module = model if isinstance(model, torch.nn.Module) else None
+            return Imported(relax_of(program), exported, note, program, module=module)
         why, expected = wrong
         return Imported(_from_agreeing_export(exported, note, inputs, why, expected), exported, note, None,
                         f"{why}; imported from torch's ONNX export, which agrees with the module")  # fmt: skip
