@@ -102,8 +102,8 @@ def optimize(
     name -> shape, fixes dynamic inputs), which is then the ``onnx_model`` too; or a
     ``torch.nn.Module`` in eval mode with ``example_inputs`` (a tensor or a tuple of them),
     whose ``torch.onnx.export`` is then the ``onnx_model``, as its users would export it for an
-    engine, and whose ``torch.export`` program an engine that compiles PyTorch programs
-    (inductor, on the GPU) compiles whole, as ``torch.compile`` of the module would. ``backends`` defaults to every registered backend (a
+    engine, and which an engine that compiles PyTorch (inductor) compiles whole, as
+    ``torch.compile`` of it runs. ``backends`` defaults to every registered backend (a
     BackendSet, or backends and backend names); those that cannot run here are left out with
     their reason (``opt.excluded``). Costs are read from and written to ``cost_log`` (a
     CostLog or a path; default ``~/.cache/collage/costs.sqlite`` or ``$COLLAGE_COST_LOG``).
