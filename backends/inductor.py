@@ -329,8 +329,9 @@ def compile_program(program, main, target: str, threads: int, precision: str = F
     if module is not None:
         try:
             return _compiled_whole(module, main, device, precision)
-        except Exception:  # noqa: BLE001 -- a graph break, or what inductor fails on: the program, as exported
-            pass
+        except Exception as err:  # noqa: BLE001 -- a graph break, or what inductor fails on: the program, as exported
+            warnings.warn(f"inductor: torch.compile cannot take the PyTorch module whole ({type(err).__name__}: "
+                          f"{first_line(err)}); its torch.export program is compiled instead", stacklevel=2)  # fmt: skip
     return _compiled_whole(program.module(), main, device, precision)
 
 
