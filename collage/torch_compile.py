@@ -5,7 +5,7 @@ point, so ``backend="collage"`` works once collage is installed. Dynamo hands ov
 it captured (several when the model has graph breaks); each is exported again with the
 shapes it is called with (``torch.export``, its weights frozen as constants) and handed to
 ``collage.optimize`` as that program, which TVM's PyTorch frontend imports (the engines also
-run ``torch.onnx.export``'s file of it, and on the GPU inductor compiles it whole, as
+run ``torch.onnx.export``'s file of it, and inductor compiles it whole, as
 ``torch.compile`` of the graph would); ``options`` are optimize's keyword arguments::
 
     compiled = torch.compile(model, backend="collage", options={"backends": ["tvm", "onnxruntime"]})
@@ -174,7 +174,7 @@ def exported(gm: torch.fx.GraphModule, args, weights: dict[int, torch.Tensor]):
     """``gm`` as ``torch.export`` exports it for these very ``args`` (the inputs that are not
     weights become its inputs, the weights constants, sizes their values), and those inputs.
     Handed the program, ``optimize`` imports it into Relax, runs each engine on
-    ``torch.onnx.export``'s file of it (where that exporter can write one), and on the GPU
+    ``torch.onnx.export``'s file of it (where that exporter can write one), and
     has inductor compile it whole, as ``torch.compile`` of the graph would."""
     frozen = _Frozen(gm, args, weights)
     inputs = tuple(a.detach() for k, a in enumerate(args) if k not in weights and isinstance(a, torch.Tensor))
