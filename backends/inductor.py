@@ -55,6 +55,7 @@ from pathlib import Path
 from tvm import relax
 
 from collage.errors import first_line
+from collage.measuring.arrays import output_types
 from collage.measuring.cost import cpu_info
 from collage.patterns.fusion import never_fuse
 
@@ -398,8 +399,7 @@ def _plain_call(compiled, func, precision: str):
     from torch.utils._pytree import tree_leaves
 
     expected = [(tuple(static_shape(p.ty)), getattr(torch, dtype_of(p.ty))) for p in func.params]
-    returned = func.ret_ty.fields if isinstance(func.ret_ty, relax.TupleType) else [func.ret_ty]
-    dtypes = [getattr(torch, dtype_of(t)) for t in returned]  # under autocast, float32 as the buffers are
+    dtypes = [getattr(torch, dtype_of(t)) for t in output_types(func)]  # under autocast, float32 as the buffers are
 
     def plain(arrays):
         tensors = [torch.from_numpy(a) for a in arrays]

@@ -31,7 +31,7 @@ from ..candidates.subgraph import SubGraph
 from ..measuring.cost import Cost
 from ..measuring.build import build_vm
 from ..errors import first_line
-from ..measuring.arrays import Reference, static_shape
+from ..measuring.arrays import Reference, output_types, static_shape
 from ..model.graph import DataflowGraph
 from ..assembling.checked import Finalist, wrong_result
 from ..placing.placement import Partition
@@ -70,7 +70,7 @@ def from_onnx_file(
     partition of ``graph``. Raises ``EngineAloneFailed``."""
     main = original["main"]
     model = _with_static_inputs(model, main)
-    outputs = main.ret_ty.fields if isinstance(main.ret_ty, relax.TupleType) else [main.ret_ty]
+    outputs = output_types(main)
     if len(model.graph.output) != len(outputs) or not all(isinstance(t, relax.TensorType) for t in outputs):
         raise EngineAloneFailed(
             f"the ONNX file has {len(model.graph.output)} output(s); main returns {main.ret_ty}"
@@ -105,7 +105,7 @@ def _in_place_of_main(original: tvm.IRModule, graph: DataflowGraph, kernel, sour
     """``main`` as one ``call_dps_packed`` of ``kernel`` on the caller's buffers, and that
     call as a partition of ``graph`` (cost unknown: nothing of it was measured)."""
     main = original["main"]
-    outputs = main.ret_ty.fields if isinstance(main.ret_ty, relax.TupleType) else [main.ret_ty]
+    outputs = output_types(main)
     if not all(isinstance(t, relax.TensorType) for t in outputs):
         raise EngineAloneFailed(f"main returns {main.ret_ty}, not tensors only")
     name = f"collage_alone_{next(_ids)}.{source.backend}"

@@ -85,7 +85,7 @@ def export(opt, path: str | os.PathLike) -> Path:
     assembly = opt.assembly
     kernels = []
     for k, (partition, name, _) in enumerate(assembly.kernels):
-        source, module = assembly.sources[name], None
+        source, module_file = assembly.sources[name], None
         onnx_model = source.onnx_model
         if onnx_model is None and source.alone and _reads_onnx(source.backend):
             onnx_model = to_onnx(source.subgraph.extract())  # what build.compile_kernel compiled it from
@@ -94,7 +94,7 @@ def export(opt, path: str | os.PathLike) -> Path:
 
             file = f"{KERNELS}/{k}.pt2"
             torch.export.save(source.program, path / file)
-            module = _saved_module(source.module, path / f"{KERNELS}/{k}.module.pt")
+            module_file = _saved_module(source.module, path / f"{KERNELS}/{k}.module.pt")
         elif onnx_model is not None:
             file = f"{KERNELS}/{k}.onnx"
             (path / file).write_bytes(onnx_model.SerializeToString())
@@ -105,7 +105,7 @@ def export(opt, path: str | os.PathLike) -> Path:
             "name": name, "backend": source.backend, "pattern": source.pattern, "alone": source.alone,
             "beside_spinning": source.beside_spinning, "precision": source.precision,
             "file": file, "library": _library(source.backend),
-        } | ({"module": module} if module else {}))  # fmt: skip
+        } | ({"module": module_file} if module_file else {}))  # fmt: skip
     # Compiled as optimize compiled it: on CUDA, with CUDA graphs where its kernels allow them
     # (a kernel of a backend not registered here counts as not graph-safe).
     registered = default_backends()
