@@ -20,6 +20,7 @@ from tvm import relax
 from ..candidates.backend import Backend, cuda_graph_blocker
 from ..candidates.precision import FLOAT32, precision_argument
 from ..errors import first_line
+from ..model.simplify.loops import scan_kernels_for_the_gpu
 from .arrays import empty_outputs, mismatch, numpy_outputs, random_inputs, static_shape, to_tensors
 from .parallel_loops import with_parallel_loops
 
@@ -287,8 +288,11 @@ def _static(ty: relax.TensorType) -> bool:
 
 def tvm_compile(mod: tvm.IRModule, target):
     """``tvm.compile`` of ``mod`` for ``target``; for CUDA, each power of a small whole
-    exponent first written as multiplications (``powers_as_multiplies``)."""
-    return tvm.compile(powers_as_multiplies(mod) if is_cuda(target) else mod, target=target)
+    exponent first written as multiplications (``powers_as_multiplies``), and each scan kernel
+    simplification wrote (``loops``) in its GPU form."""
+    if is_cuda(target):
+        mod = scan_kernels_for_the_gpu(powers_as_multiplies(mod))
+    return tvm.compile(mod, target=target)
 
 
 # Up to this exponent a power is written as multiplications for CUDA; above it stays a power.

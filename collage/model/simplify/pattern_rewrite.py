@@ -74,7 +74,7 @@ class PatternRewrite:
                     bound[binding.value] = binding.var
         if not replacements:
             return func, 0
-        return relax.analysis.remove_all_unused(_Rebound(replacements).visit_expr(func)), len(replacements)
+        return relax.analysis.remove_all_unused(Rebound(replacements).visit_expr(func)), len(replacements)
 
     def _replacement(self, binding: relax.Binding, values: dict, single_use: set) -> relax.Expr | None:
         """What ``binding``'s value is to be replaced by, or None."""
@@ -110,7 +110,7 @@ def _reading_variables(expr: relax.Expr, bound: dict) -> relax.Expr:
 
 
 @mutator
-class _Rebound(PyExprMutator):
+class Rebound(PyExprMutator):
     """A function with some variables bound to other values (``replacements``), normalized
     as they are emitted (their nested calls bound to variables of their own)."""
 

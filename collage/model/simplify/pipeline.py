@@ -24,6 +24,7 @@ from .constants import FOLD_ARANGE, FOLD_INDEX_TENSOR, FOLD_PERMUTE_DIMS
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE
 from .idioms import (CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_BROADCASTS_ITSELF, MATMUL_ON_ALL_AXES,
                      MATRIX_WEIGHT, MERGE_CLIPS, TE_CALLS_AS_OPS, WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
+from .loops import LINEAR_RECURRENCE_AS_SCAN, STACKED_STEPS_BATCHED
 from .ops import binding_count, op_count
 from .safe_softmax import SAFE_SOFTMAX_OF_FINITE
 from .transposes import COMPOSE_PERMUTE_DIMS, IDENTITY_PERMUTE_DIMS, MATMUL_OF_TRANSPOSES, PERMUTE_DIMS_OF_UNIT_AXES
@@ -72,6 +73,8 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     FOLD_PERMUTE_DIMS,  # a constant matmul operand's transpose, before FoldConstant folds the rest
     MATMUL_BROADCASTS_ITSELF,  # before FoldConstant, which would write a broadcast weight out
     TvmPass("FoldConstant", transform.FoldConstant),
+    LINEAR_RECURRENCE_AS_SCAN,  # first: its scan's states are the slices the stacked steps then read
+    STACKED_STEPS_BATCHED,
     SAFE_SOFTMAX_OF_FINITE,
     CLIP_FROM_MAX_MIN,
     MERGE_CLIPS,
