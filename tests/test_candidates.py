@@ -330,6 +330,25 @@ def test_engine_regions_are_the_largest_groups_it_accepts():
     assert not any(pattern.endswith(".region") for backend, pattern, _ in found if backend == "library")
 
 
+def test_a_region_an_op_it_refuses_splits_around_a_residual_path_is_cut_on_either_side():
+    # exp, relu, sigmoid (refused), add(relu, sigmoid), tanh: the ops the rule takes are
+    # connected through the add, but not convex (relu -> sigmoid -> add leaves and comes back).
+    # Before this cut, the engine had no region at all: Mamba's scan kernel sits so.
+    x = relax.Var("x", relax.TensorType((4, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.relu(bb.emit(relax.op.exp(x))))
+            b = bb.emit(relax.op.sigmoid(a))
+            out = bb.emit_output(relax.op.tanh(bb.emit(relax.op.add(a, b))))
+        bb.emit_func_output(out)
+    g = DataflowGraph.from_module(bb.get())
+    no_sigmoid = PatternRule("test.no_sigmoid", lambda graph, n: n.op != "relax.sigmoid", anchor_then_elementwise,
+                             max_size=1)
+    assert sets(regions(g, no_sigmoid)) == {S(0, 1), S(3, 4)}
+    assert all(SubGraph(g, piece).is_convex() for piece in sets(regions(g, no_sigmoid)))
+
+
 def test_region_parts_are_cut_where_one_tensor_crosses():
     chain = DataflowGraph.from_module(Chain)
     whole = SubGraph(chain, S(0, 1, 2, 3, 4))

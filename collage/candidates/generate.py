@@ -142,6 +142,9 @@ def _steps(graph: DataflowGraph, group: SubGraph) -> list[frozenset[int]]:
 def regions(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
     """The maximal connected groups of ops the rule accepts, each when it is convex, has a
     tensor boundary and is larger than what ``grow_rule`` reaches, or is the whole model.
+    A group that is not convex (an op the rule refuses in its middle, with a path around it:
+    a residual connection past Mamba's scan kernel) is cut into the convex pieces on either
+    side of such ops (``cut_at_refused_ops``).
 
     An inference engine optimizes across kernels (memory planning, its own fusions), so the
     largest region it can take is a candidate too: a placement is then never worse than that
@@ -152,18 +155,47 @@ def regions(graph: DataflowGraph, rule: PatternRule) -> Iterator[SubGraph]:
     for seed in graph:
         if not valid[seed.index] or seed.index in seen:
             continue
-        component, todo = {seed.index}, [seed.index]
-        while todo:
-            i = todo.pop()
-            for j in (*graph[i].inputs, *graph.consumers[i]):
-                if valid[j] and j not in component:
-                    component.add(j)
-                    todo.append(j)
+        component = _connected(graph, {seed.index}, lambda j: valid[j])
         seen |= component
         region = SubGraph(graph, frozenset(component))
-        larger = len(region) > rule.max_size or len(region) == len(graph)  # the whole model, however small
-        if larger and region.is_convex() and region.has_tensor_boundary():
-            yield region
+        pieces = [region] if region.is_convex() else cut_at_refused_ops(graph, component)
+        for piece in pieces:
+            larger = len(piece) > rule.max_size or len(piece) == len(graph)  # the whole model, however small
+            if larger and piece.is_convex() and piece.has_tensor_boundary():
+                yield piece
+
+
+def _connected(graph: DataflowGraph, start: set[int], inside) -> set[int]:
+    """The nodes reached from ``start`` through inputs and consumers for which ``inside`` holds."""
+    component, todo = set(start), list(start)
+    while todo:
+        i = todo.pop()
+        for j in (*graph[i].inputs, *graph.consumers[i]):
+            if inside(j) and j not in component:
+                component.add(j)
+                todo.append(j)
+    return component
+
+
+def cut_at_refused_ops(graph: DataflowGraph, nodes: set[int]) -> list[SubGraph]:
+    """``nodes`` cut where a path leaves them through other ops and comes back: grouped by
+    how many such ops lie on a path to each (other ops a path from ``nodes`` passes), then
+    each group by connection. Convex: the count never falls along a path and rises past an
+    op outside, so a path between two nodes of one piece never leaves the piece."""
+    downstream = [False] * len(graph)  # reached from ``nodes``: only such an op can lie between two of them
+    outside_before = [0] * len(graph)
+    for node in graph:  # node indices are in topological order
+        i = node.index
+        downstream[i] = any(p in nodes or downstream[p] for p in node.inputs)
+        outside_before[i] = max((outside_before[p] + (downstream[p] and p not in nodes) for p in node.inputs), default=0)
+    pieces = []
+    for count in sorted({outside_before[i] for i in nodes}):
+        group = {i for i in nodes if outside_before[i] == count}
+        while group:
+            piece = _connected(graph, {min(group)}, group.__contains__)
+            group -= piece
+            pieces.append(SubGraph(graph, frozenset(piece)))
+    return pieces
 
 
 def region_parts(region: SubGraph, cuts: int = MAX_CUTS) -> Iterator[SubGraph]:
