@@ -39,11 +39,26 @@ from collage.choosing import elsewhere
 from collage.assembling.checked import Finalist
 from collage.placing.placement import Partition, Placement, tvm_op
 from collage.measuring.arrays import Reference
-from experiments import models
-from experiments.fleet_bench import HOST, free_port, kill, start_server, start_tracker, wait_registered
+from experiments import fleet_bench, models
+from experiments.fleet_bench import HOST, free_port, kill, start_tracker, wait_registered
 from tests.backends_for_tests import CANNOT_COMPILE, NUMPY
+from tests.helpers import subprocess_env
 
 FAST = Timing(min_samples=3, max_samples=5, min_sample_ms=0.3, budget_s=0.3)
+
+
+def start_server(tracker: str, key: str, threads: int):
+    """``collage serve`` as ``experiments.fleet_bench`` starts it, with the suite's quick
+    settings (``tests/subprocesses/sitecustomize.py``), as the command-line tests' processes
+    have them: a race sent to a server was timed there with the product's full protocol
+    (blocks of 60 ms after 0.1 s of idle, up to 21 rounds) and raced again while other
+    processes were busy. What the tests check of the race (it travels, comes back as rounds,
+    names the device) does not depend on how long its blocks are."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])
+        return fleet_bench.start_server(tracker, key, threads)
+
+
 @pytest.fixture(scope="module")
 def tracker():
     address, proc = start_tracker()
