@@ -13,12 +13,13 @@ numbers; OpenVINO ran the model in 4.6 ms where ``torch.compile`` of the module 
   (parallel over the axes before it, vectorized over those after it); each ``h_t`` is a slice
   of its output. Exact: the kernel does the same multiply-adds in the same order. Only TVM runs
   the kernel; the engines take the graph around it.
-- ``stacked_steps_batched``: a ``concat`` of ``expand_dims`` of one per-step expression, step t
-  reading the t-th slice of some tensors and the same values otherwise (how torch stacks a
-  loop's outputs), becomes that expression once, on the whole tensors, the step axis carried
-  in front as a batch axis and moved to where the concat put it. Exact: each operator computes
-  the same numbers, batched. Only operators whose batched form is known are carried
-  (``_BATCHED``); any other leaves the loop as it is.
+- ``stacked_steps_batched``: a ``concat`` of one per-step expression (of its ``expand_dims``,
+  or on an axis it has and reshaped after: how torch stacks a loop's outputs), step t reading
+  the t-th slice of some tensors and the same values otherwise, becomes that expression once,
+  on the whole tensors, the step axis carried in front as a batch axis and moved to where the
+  concat put it. The same operators on the same numbers, batched. Only operators whose
+  batched form is known are carried (``_Batched``: element-wise ones, matmul, take,
+  expand_dims, squeeze, permute_dims, reshape, reductions); any other leaves the loop as it is.
 """
 
 from __future__ import annotations
