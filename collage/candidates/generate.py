@@ -206,24 +206,38 @@ def region_parts(region: SubGraph, cuts: int = MAX_CUTS) -> Iterator[SubGraph]:
     engines: engines differ by layer kind (one runs the early, wide convolutions faster, another
     the late, deep ones), and a single crossing tensor keeps the hand-over cheap.
     """
+    order = sorted(region.nodes)
+    single = [k for k, crossing in enumerate(crossings(region)) if crossing == 1]
+    if not single:
+        return
+    wanted = {min(single, key=lambda k: abs(k + 1 - len(order) * i / (cuts + 1))) for i in range(1, cuts + 1)}
+    for k in sorted(wanted):
+        for part in split_at(region, k):
+            if part.is_convex() and part.has_tensor_boundary():
+                yield part
+
+
+def crossings(region: SubGraph) -> list[int]:
+    """For each position ``k`` in ``region``'s topological order but the last, how many tensors
+    cross from the ops up to ``k`` to the ops after it. One at a residual block's end or a
+    transformer layer's: the cheapest places to hand a model over."""
     graph, order = region.graph, sorted(region.nodes)  # node indices are in topological order
     position = {node: k for k, node in enumerate(order)}
     last_use = [max((position[c] for c in graph.consumers[node] if c in position), default=k) for k, node in enumerate(order)]
     ends_at = [0] * len(order)
     for k, last in enumerate(last_use):
         ends_at[last] += last > k
-    single, crossing = [], 0  # positions after which exactly one tensor crosses
-    for k, last in enumerate(last_use):
+    found, crossing = [], 0
+    for k, last in enumerate(last_use[:-1]):
         crossing += (last > k) - ends_at[k]
-        if crossing == 1 and k < len(order) - 1:
-            single.append(k)
-    if not single:
-        return
-    wanted = {min(single, key=lambda k: abs(k + 1 - len(order) * i / (cuts + 1))) for i in range(1, cuts + 1)}
-    for k in sorted(wanted):
-        for part in (SubGraph(graph, frozenset(order[: k + 1])), SubGraph(graph, frozenset(order[k + 1 :]))):
-            if part.is_convex() and part.has_tensor_boundary():
-                yield part
+        found.append(crossing)
+    return found
+
+
+def split_at(region: SubGraph, k: int) -> tuple[SubGraph, SubGraph]:
+    """``region``'s ops up to position ``k`` of its topological order, and the ops after it."""
+    order = sorted(region.nodes)
+    return SubGraph(region.graph, frozenset(order[: k + 1])), SubGraph(region.graph, frozenset(order[k + 1 :]))
 
 
 def generate(graph: DataflowGraph, backends: Iterable, capped: dict[str, int] | None = None) -> list[Candidate]:

@@ -41,7 +41,8 @@ class Cost:
     reason: str | None = None
     energy_mj: float | None = None  # per call; None where no meter measured it
     # Its outputs' error against TVM's float32 (``runner.relative_error``), measured with the
-    # timing for a candidate in a reduced precision; None for float32 ones.
+    # timing for a candidate in a reduced precision, or why it is invalid where that error
+    # missed the accuracy budget; None for float32 ones.
     error: float | None = None
 
     @classmethod
@@ -64,11 +65,12 @@ class Cost:
                    error=None if error is None else float(error))  # fmt: skip
 
     @classmethod
-    def invalid(cls, reason: str) -> Cost:
-        """An unusable candidate; ``reason`` says why (shown in reports and kept in the log)."""
+    def invalid(cls, reason: str, error: float | None = None) -> Cost:
+        """An unusable candidate; ``reason`` says why (shown in reports and kept in the log),
+        and ``error`` is its error where that is why (a reduced precision over the budget)."""
         if not reason:
             raise ValueError("an invalid cost needs a reason")
-        return cls(INVALID, math.inf, reason=reason)
+        return cls(INVALID, math.inf, reason=reason, error=error)
 
     @classmethod
     def unknown(cls) -> Cost:

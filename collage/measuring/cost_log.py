@@ -244,7 +244,7 @@ class CostLog:
         if cost.is_valid:
             measurement = (cost.median_ms, cost.spread_ms, cost.samples, None, cost.energy_mj, cost.error)
         else:
-            measurement = (None, None, None, cost.reason, None, None)
+            measurement = (None, None, None, cost.reason, None, cost.error)
         with self._connection() as conn:
             conn.execute(
                 f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}, median_ms, spread_ms, samples, failure, "
@@ -394,5 +394,5 @@ def _select_cost(conn: sqlite3.Connection, table: str, columns: tuple[str, ...],
 
 def _cost_from_row(median_ms, spread_ms, samples, failure, energy_mj, error) -> Cost:
     if failure is not None:
-        return Cost.invalid(failure)
+        return Cost.invalid(failure, error)
     return Cost.of(median_ms, spread=spread_ms, samples=samples, energy_mj=energy_mj, error=error)

@@ -175,10 +175,11 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
         # for the caller's inputs (a model's own values) the caller holds already.
         found = reference if task.reference is None and task.inputs is None else None
         problem = mismatch(actual, reference, task.rtol)
-        if problem is not None:
-            return MeasureResult(Cost.invalid(f"wrong result: {problem}"), found, compile_s=compile_s)
-        # A reduced precision's own error is kept with its cost (float32's is noise).
+        # A reduced precision's own error is kept with its cost (float32's is noise), and with
+        # its failure where it misses the budget: a policy may still use part of it in float32.
         error = None if task.precision == FLOAT32 else relative_error(actual, reference)
+        if problem is not None:
+            return MeasureResult(Cost.invalid(f"wrong result: {problem}", error), found, compile_s=compile_s)
         cost = _time(kernel, inputs, outputs, task)
         cost = cost if error is None or not cost.is_valid else replace(cost, error=error)
         return MeasureResult(cost, found, compile_s=compile_s)
