@@ -234,7 +234,9 @@ def optimize_with(
     t = time.perf_counter()
     stage("placing")
     try:
-        placements, alone = policy.placements(graph, candidates, measurer, usable, config.graph_level, offered, record.left_out)
+        missed = {}  # engines alone over the budget when measured, for within_budget to split
+        placements, alone = policy.placements(graph, candidates, measurer, usable, config.graph_level, offered,
+                                              record.left_out, missed)  # fmt: skip
     except PlacementError as err:  # an operator no backend (not even TVM) could run
         raise OptimizeError(_why_unplaced(err, graph, candidates, measurer)) from None
     seconds.place = time.perf_counter() - t
@@ -294,9 +296,9 @@ def optimize_with(
         raise OptimizeError("no finalist is left: " + "; ".join(record.left_out.values()))
     errors = {}
     if config.accuracy is not None:
-        repair = functools.partial(policy.repaired, graph=graph, costs=measurer, backends=backend_set, config=config)
+        repair = functools.partial(policy.repair, graph=graph, costs=measurer, backends=backend_set, config=config)
         with _seconds_into(record.assembled_s, "holding them to the budget"):
-            errors = policy.within_budget(finalists, model, config, record, repair)
+            errors = policy.within_budget(finalists, model, config, record, repair, missed)
     seconds.assemble = time.perf_counter() - t
 
     if config.graph_level:

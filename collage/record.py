@@ -27,6 +27,7 @@ class FinalistKind(enum.Enum):
     SUBSTITUTED = "op-level, substituted graph"  # the DP over the graph the substitution search found
     ENGINE_ALONE = "alone"  # one engine on collage's conversion of the whole model
     ENGINE_REGIONS = "regions"  # one engine's largest regions, TVM for the rest
+    ENGINE_SPLIT = "float32 first"  # one engine on the whole model, float32 up to a cut, reduced after it
     ENGINE_ON_FILE = "on the ONNX file"  # one engine on the user's own ONNX file
     ENGINE_ON_PROGRAM = "on the PyTorch module"  # one engine compiling the user's own PyTorch module
     GRAPH_LEVEL = "graph-level"  # a leader of the graph-level search

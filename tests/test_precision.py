@@ -193,7 +193,7 @@ def test_a_mixed_placement_over_the_budget_is_repaired_earliest_partition_first(
     config = Config(threads=2, accuracy=1e-2)
     over = assemble_and_check(graph, Placement(graph, tuple(mixed)), draws[0], backends, "llvm", 2, 1.0)
     assert relative_error(numpy_outputs(over.vm["main"](*to_tensors([x, w]))), draws[0].outputs) > 1e-2  # the first exp's error, compounded
-    finalist, error, back = repaired(over, draws, graph, _Flat(), backends, config)
+    finalist, error, back = repaired(over.partitions, draws, graph, _Flat(), backends, config)
     assert back == 1 and error <= 1e-2
     assert [p.candidate.precision for p in finalist.partitions] == [FLOAT32] * 4 + [BFLOAT16]
 

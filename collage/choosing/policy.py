@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 from ..assembling.checked import Finalist, assemble_and_check
 from ..candidates.backend import GRAPH_LEVEL, REFERENCE_BACKEND
@@ -27,12 +28,13 @@ from ..measuring.build import device_for
 from ..measuring.arrays import Reference, numpy_outputs, relative_error, to_tensors
 from ..prepare import Model
 from .engine_alone import EngineAloneFailed, checked_on_file, checked_on_program
+from .precision_split import NoSplit, split_in_precision
 from ..placing.placement import Partition, Placement, place
 from ..record import KERNELS_ONLY, OP_LEVEL, OP_LEVEL_REDUCED, FinalistKind, FinalistName, RunRecord
 
 
 def placements(graph, candidates, costs, usable, graph_level: bool, offered: dict[str, tuple[str, ...]],
-                notes: dict) -> tuple[dict[FinalistName, Placement], dict[str, FinalistName]]:
+               notes: dict, missed: dict | None = None) -> tuple[dict[FinalistName, Placement], dict[str, FinalistName]]:
     """The placements to assemble: the op-level DP's over float32 candidates, and for each
     inference engine the whole model ("<engine> alone") when every op converts, else its
     largest regions with TVM for the rest ("<engine> regions"). Where backends ``offered``
@@ -41,7 +43,9 @@ def placements(graph, candidates, costs, usable, graph_level: bool, offered: dic
     kernel-sized float32 candidates only (no regions), where the graph-level search starts.
     Equal placements are kept once; the second result names, for each engine, the float32
     placement that is its own regions. Why an engine cannot run the whole model goes to
-    ``notes``."""
+    ``notes``; an engine alone whose whole-model candidate missed the accuracy budget when
+    measured goes to ``missed`` (its name -> that candidate's partition), for ``within_budget``
+    to split."""
     placements: dict[FinalistName, Placement] = {}
     every_precision, candidates = candidates, [c for c in candidates if c.precision == FLOAT32]
 
@@ -63,7 +67,8 @@ def placements(graph, candidates, costs, usable, graph_level: bool, offered: dic
         if backend.kind != GRAPH_LEVEL:
             continue
         for precision in (FLOAT32, *offered.get(backend.name, ())):
-            name = _engine_placement(graph, backend, precision, every_precision, tvm_only, costs, notes, add)
+            name = _engine_placement(graph, backend, precision, every_precision, tvm_only, costs, notes, add,
+                                     {} if missed is None else missed)  # fmt: skip
             if name is not None and precision == FLOAT32:
                 alone[backend.name] = name
     return placements, alone
@@ -74,7 +79,7 @@ def placed(graph, candidates, costs) -> Placement:
     return place(graph, candidates, costs, costs.transition_ms, interplay_ms=getattr(costs, "interplay_ms", None))
 
 
-def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, notes, add) -> FinalistName | None:
+def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, notes, add, missed) -> FinalistName | None:
     """``backend`` alone on the whole model in ``precision``, else its largest regions in it
     with TVM for the rest, handed to ``add``; the name it is timed under (another finalist's,
     where that is the same placement), or None when it has no region."""
@@ -86,7 +91,10 @@ def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, no
         return None
     whole = next((c for c in regions if len(c.subgraph) == len(graph)), None)
     if whole is not None and costs.cost(whole).is_invalid:
-        notes[backend.name + at] = f"{backend.name}{at} alone is not a finalist: {costs.cost(whole).reason}"
+        if costs.cost(whole).error is not None:  # it ran, over the budget: within_budget says so
+            missed[FinalistName(FinalistKind.ENGINE_ALONE, backend.name, precision=precision)] = Partition(whole, costs.cost(whole))
+        else:
+            notes[backend.name + at] = f"{backend.name}{at} alone is not a finalist: {costs.cost(whole).reason}"
         regions.remove(whole)
         whole = None
     if not regions:  # nothing but TVM would be left: the float32 finalists have that placement
@@ -126,53 +134,92 @@ def reduced_precisions(usable, config: Config, record: RunRecord) -> dict[str, t
         record.precision_note = f"no bfloat16: {why}; offered: {offers}"
     return offered
 
-def within_budget(finalists: dict, model: Model, config: Config, record: RunRecord, repair) -> dict:
+class Repaired(NamedTuple):
+    """A finalist over the budget brought within it: under ``name``, with its error and
+    ``how`` (for the report, which follows it with the error)."""
+
+    name: FinalistName
+    finalist: Finalist
+    error: float
+    how: str
+
+
+def within_budget(finalists: dict, model: Model, config: Config, record: RunRecord, repair,
+                  missed: dict | None = None) -> dict:  # fmt: skip
     """Each finalist's error (``runner.relative_error``, the largest over ``model.budget_draws``:
-    the seeded inputs and a second, independent draw, or the user's calibration sets); finalists with reduced-precision partitions whose error
-    exceeds ``config.accuracy`` are left out, with it, except that the op-level one is first
-    ``repair``ed (``repaired``). Errors compound along a model, so the whole module is what is
-    held to the budget, not each kernel."""
+    the seeded inputs and a second, independent draw, or the user's calibration sets); finalists
+    with reduced-precision partitions whose error exceeds ``config.accuracy`` are left out, with
+    it, each after ``repair(name, partitions, draws)`` had its chance to bring it within (a
+    Repaired, or None, or NoSplit with why not), as have the engines alone that ``missed`` the
+    budget when measured (name -> the whole model's partition). Errors compound along a model, so
+    the whole module is what is held to the budget, not each kernel."""
     draws = model.budget_draws
-    errors = {}
+    errors, over = {}, {}
     for name, f in list(finalists.items()):
         errors[name] = module_error(f, draws, config.target)
         if reduced(f.partitions) and not errors[name] <= config.accuracy:
             record.left_out[str(name)] = (f"{name}: error {errors[name]:.3g} of the largest output exceeds the "
                                           f"accuracy budget {config.accuracy:g} ({len(draws)} input sets)")  # fmt: skip
-            del finalists[name]
-            fixed = repair(f, draws) if name == OP_LEVEL_REDUCED else None
-            if fixed is not None:
-                finalists[name], errors[name], back = fixed
-                record.left_out[str(name)] += f"; {back} of its partitions back in float32 bring it to {errors[name]:.3g}"
+            over[name] = finalists.pop(name).partitions
+    for name, whole in (missed or {}).items():
+        record.left_out[str(name)] = (f"{name}: error {whole.cost.error:.3g} of the largest output exceeds the "
+                                      f"accuracy budget {config.accuracy:g}, measured alone")  # fmt: skip
+        over[name] = (whole,)
+    for name, partitions in over.items():
+        try:
+            fixed = repair(name, partitions, draws)
+        except NoSplit as why:
+            record.left_out[str(name)] += f"; not split: {why}"
+            continue
+        if fixed is not None:
+            finalists[fixed.name], errors[fixed.name] = fixed.finalist, fixed.error
+            record.left_out[str(name)] += f"; {fixed.how} {fixed.error:.3g}"
     if not any(reduced(f.partitions) for f in finalists.values()):
         kept = "no placement in a reduced precision stayed within the budget: float32 kept"
         record.precision_note = kept if record.precision_note is None else f"{record.precision_note}; {kept}"
     return errors
+
+
+def repair(name: FinalistName, partitions, draws, graph, costs, backends, config: Config) -> Repaired | None:
+    """A placement's ``partitions``, over the budget, brought within it where its kind can be:
+    the op-level placement with its earliest reduced partitions back in float32 (``repaired``),
+    an engine alone split into float32 first and the reduced precision after
+    (``split_in_precision``, as a finalist of its own); None for the others. Raises NoSplit."""
+    if name == OP_LEVEL_REDUCED:
+        fixed = repaired(partitions, draws, graph, costs, backends, config)
+        return None if fixed is None else Repaired(name, fixed[0], fixed[1], f"{fixed[2]} of its partitions back in float32 bring it to")
+    if name.kind is FinalistKind.ENGINE_ALONE:
+        (whole,) = partitions
+        error_of = functools.partial(module_error, draws=draws, target=config.target)
+        split = split_in_precision(whole.candidate, draws, graph, costs, backends, config, error_of)
+        named = FinalistName(FinalistKind.ENGINE_SPLIT, name.engine, precision=name.precision)
+        return Repaired(named, split.finalist, split.error, f"split into {split.how(graph)} ('{named}') brings it to")
+    return None
 
 def module_error(finalist: Finalist, draws, target: str) -> float:
     device = device_for(target)
     return max(relative_error(numpy_outputs(finalist.vm["main"](*to_tensors(draw.inputs, device))), draw.outputs)
                for draw in draws)  # fmt: skip
 
-def repaired(finalist: Finalist, draws, graph, costs, backends, config: Config):
+def repaired(partitions, draws, graph, costs, backends, config: Config):
     """A mixed-precision placement over the budget brought within it: its earliest reduced
     partitions computed in float32 again (an early error compounds through every op after
     it), as few as bisection finds, at least one left reduced; ``(finalist, error, how many
     went back)`` or None. Each try is a build and a check: ResNet-50's fifty reduced
     convolutions, brought back one at a time, would be fifty."""
-    order = [p for p in range(len(finalist.partitions)) if finalist.partitions[p].candidate.precision != FLOAT32]
+    order = [p for p in range(len(partitions)) if partitions[p].candidate.precision != FLOAT32]
     tried: dict[int, tuple | None] = {}
 
     def back_in_float32(count: int):
         """The placement with the first ``count`` reduced partitions in float32, checked: (finalist, error) within the budget, else None."""
         if count not in tried:
-            partitions = list(finalist.partitions)
+            mixed = list(partitions)
             for p in order[:count]:
-                f32 = dataclasses.replace(partitions[p].candidate, precision=FLOAT32)
-                partitions[p] = Partition(f32, costs.cost(f32), costs.transition_ms(f32.backend))
+                f32 = dataclasses.replace(mixed[p].candidate, precision=FLOAT32)
+                mixed[p] = Partition(f32, costs.cost(f32), costs.transition_ms(f32.backend))
             tried[count] = None
             try:
-                candidate = assemble_and_check(graph, Placement(graph, tuple(partitions)), draws[0], backends,
+                candidate = assemble_and_check(graph, Placement(graph, tuple(mixed)), draws[0], backends,
                                                config.target, config.threads, config.accuracy, held_to_budget=True)  # fmt: skip
             except OptimizeError:  # still wrong after the check's fallbacks
                 return None

@@ -1,0 +1,215 @@
+"""An engine over the accuracy budget in a reduced precision, split where the budget holds:
+float32 up to a cut, the reduced precision after it.
+
+Errors compound along a model, so the earliest ops' precision matters most. ResNet-50 in
+float16 errs 3.2e-2 of its largest output (inductor on an H100, and forecast so on a CPU), and
+1e-2 would hold with its first 11 of 54 convolutions in float32, 81% of its multiply-adds still
+in float16 (``experiments/precision_forecast.py``; MobileNetV2 alike). Where an engine alone on
+the whole model misses the budget in a reduced precision, ``split_in_precision`` finds the
+earliest cut after which the rest may compute reduced, and returns the engine on both sides: one
+finalist of two partitions, held to the budget like any other.
+
+Where to cut is forecast, not built: trying a cut for real is compiling two engine modules
+(inductor: tens of seconds each on a GPU machine). The forecast runs collage's conversion of each
+side (``fx_convert``) in PyTorch, eager, on the target's device: the first side in float32, the
+second with its convolutions and matrix products in the reduced precision as tensor cores and AMX
+compute them (inputs rounded to it, sums in float32), on every input set the budget is held to.
+Run so, PyTorch forecast ResNet-50's errors on a CPU as inductor made them on an H100 (float16
+3.2e-2 both, TF32 2.8e-2 against 2.5e-2, bfloat16 0.16 against 0.13). Bisection over the
+cuts where the fewest tensors cross (a residual block's end, a layer's) finds the earliest cut
+whose forecast is within the budget. That split is then built and checked for real; where the
+engine errs more than the forecast (its kernels round otherwise than PyTorch's), the next cut after
+it is tried, and no more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import numpy as np
+from tvm import relax
+
+from ..assembling.checked import Finalist, assemble_and_check
+from ..candidates.backend import Unsupported
+from ..candidates.generate import PART_SUFFIX, Candidate, crossings, split_at
+from ..candidates.precision import BFLOAT16, FLOAT16, FLOAT32, TF32, reduced, short
+from ..candidates.subgraph import SubGraph
+from ..errors import OptimizeError
+from ..measuring.arrays import Reference, relative_error
+from ..measuring.build import is_cuda
+from ..placing.placement import Partition, Placement
+
+TRIES = 2  # real builds: the forecast's cut, then the next one after it
+
+
+class Split(NamedTuple):
+    """The engine split: its finalist, its error over the budget's input sets, and the last op
+    (a position in the model's topological order) computed in float32."""
+
+    finalist: Finalist
+    error: float
+    cut: int
+
+    def how(self, graph) -> str:
+        reduced_at = self.finalist.partitions[-1].candidate.precision
+        return (f"float32 up to op {self.cut + 1} of {len(graph)} ({graph[self.cut].op.removeprefix('relax.')}) "
+                f"and {short(reduced_at)} after it")  # fmt: skip
+
+
+class NoSplit(Exception):
+    """Why an engine's reduced finalist could not be split within the budget (one line)."""
+
+
+def split_in_precision(whole: Candidate, draws: list[Reference], graph, costs, backends, config, error_of) -> Split:
+    """An engine on the whole model in a reduced precision (``whole``, over the budget) with
+    float32 up to the earliest cut the forecast finds within ``config.accuracy``, built,
+    checked and priced (``costs``); ``error_of(finalist)`` is a module's error over ``draws``.
+    Raises NoSplit."""
+    engine, precision, region = whole.backend, whole.precision, whole.subgraph
+    counts = crossings(region)
+    if not counts:
+        raise NoSplit("a model of one op has no cut")
+    cuts = [k for k, count in enumerate(counts) if count == min(counts)]
+    forecast = Forecast(graph, draws, precision, "cuda" if is_cuda(config.target) else "cpu")
+    within = [None] * len(cuts)
+
+    def forecast_within(i: int) -> bool:
+        if within[i] is None:
+            within[i] = forecast.error(region, cuts[i]) <= config.accuracy
+        return within[i]
+
+    if not forecast_within(len(cuts) - 1):
+        raise NoSplit(f"not within the budget even in float32 up to its last cut (op {cuts[-1] + 1} of {len(graph)}), "
+                      f"forecast in PyTorch")  # fmt: skip
+    low, high = 0, len(cuts) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if forecast_within(middle):
+            high = middle
+        else:
+            low = middle + 1
+    why = []
+    for k in cuts[high : high + TRIES]:
+        try:
+            built = _built(region, k, engine, precision, graph, draws[0], costs, backends, config)
+        except NoSplit as err:
+            why.append(str(err))
+            continue
+        error = error_of(built)
+        if reduced(built.partitions) and error <= config.accuracy:
+            return Split(built, error, k)
+        why.append(f"split after op {k + 1} erred {error:.3g}")
+    raise NoSplit("; ".join(why) + f" (its forecast in PyTorch: within the budget from op {cuts[high] + 1} on)")
+
+
+def _built(region: SubGraph, k: int, engine: str, precision: str, graph, reference: Reference, costs, backends,
+           config) -> Finalist:  # fmt: skip
+    """The engine on ``region``'s ops up to ``k`` in float32 and on the rest in ``precision``,
+    measured (so the report prices it, and the cost log keeps it) and assembled."""
+    partitions = []
+    for part, at in zip(split_at(region, k), (FLOAT32, precision)):
+        candidate = Candidate(part, engine, f"{engine}{PART_SUFFIX}", at)
+        cost = costs.cost(candidate)
+        if not cost.is_valid:
+            raise NoSplit(f"its {short(at)} side after op {k + 1}: {cost.reason}")
+        partitions.append(Partition(candidate, cost, costs.transition_ms(engine)))
+    try:
+        built = assemble_and_check(graph, Placement(graph, tuple(partitions)), reference, backends, config.target,
+                                   config.threads, config.accuracy, held_to_budget=True)  # fmt: skip
+    except OptimizeError as err:
+        raise NoSplit(f"split after op {k + 1}: {err}") from None
+    if built.fallbacks:
+        raise NoSplit(f"split after op {k + 1}: {built.fallbacks[0][1]}")
+    return built
+
+
+class Forecast:
+    """The model's error with float32 up to a cut and ``precision`` after it, run eagerly in
+    PyTorch on collage's conversion of each side (``_reduced_products``); the largest over
+    ``draws``. Raises NoSplit for a precision of no floating-point format, or where a side
+    does not convert."""
+
+    def __init__(self, graph, draws: list[Reference], precision: str, device: str):
+        if precision not in (FLOAT16, BFLOAT16, TF32):
+            raise NoSplit(f"no forecast of {precision}, a precision of no floating-point format")
+        self.graph, self.draws, self.precision, self.device = graph, draws, precision, device
+
+    def error(self, region: SubGraph, k: int) -> float:
+        import torch
+
+        from ..candidates.fx_convert import to_fx
+
+        sides = split_at(region, k)
+        try:
+            modules = [to_fx(side.extract(), self.device) for side in sides]
+        except Unsupported as err:
+            raise NoSplit(f"no forecast: {err}") from None
+        worst = 0.0
+        for draw in self.draws:
+            values = {p: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+                      for p, a in zip(self.graph.func.params, draw.inputs)}  # fmt: skip
+            with torch.no_grad():
+                for side, module, reduced_here in zip(sides, modules, (False, True)):
+                    with _reduced_products(self.precision) if reduced_here else contextlib.nullcontext():
+                        outputs = module(*[values[a] for a in side.arguments()])
+                    if len(outputs) != len(side.outputs):
+                        raise NoSplit(f"no forecast: a tuple crosses the cut after op {k + 1}")
+                    values.update((self.graph[i].var, out) for i, out in zip(side.outputs, outputs))
+            leaves = _leaves(self.graph.result)
+            if not all(isinstance(v, relax.Var) for v in leaves):
+                raise NoSplit("no forecast: the model returns a constant")
+            found = [_numpy(values[v]) for v in leaves]
+            worst = max(worst, relative_error(found, draw.outputs))
+        return worst
+
+
+def _reduced_products(precision: str):
+    """PyTorch's convolutions and matrix products computed as tensor cores and AMX compute
+    them in ``precision``: float32 inputs rounded to it, products summed in float32, results
+    rounded to it (TF32's kept in float32, as cuDNN and cuBLAS write them); every other op in
+    float32. Spelled out rather than left to ``torch.autocast``, whose CPU list has no
+    ``aten.convolution`` (collage's conversion writes convolutions so): on the CPU it would
+    forecast float32 for them."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    products = {aten.convolution.default, aten.mm.default, aten.bmm.default, aten.addmm.default,
+                aten.baddbmm.default, aten.mv.default, aten.addmv.default}  # fmt: skip
+
+    class Reduced(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func not in products:
+                return func(*args, **kwargs)
+            args = [rounded(a, precision) for a in args]
+            out = func(*args, **kwargs)
+            return out if precision == TF32 else out.to(torch.float32)
+
+    return Reduced()
+
+
+def rounded(value, precision: str):
+    """A float32 tensor rounded to ``precision`` (to nearest, ties to even, as the hardware
+    converts): TF32's 10 bits of mantissa kept in float32; others as that dtype."""
+    import torch
+
+    if not (isinstance(value, torch.Tensor) and value.dtype == torch.float32):
+        return value
+    if precision != TF32:
+        return value.to(getattr(torch, precision))
+    bits = value.view(torch.int32)
+    return ((bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF).view(torch.float32)
+
+
+def _leaves(expr: relax.Expr) -> list[relax.Expr]:
+    """The values a function's result holds, in order, its tuples flattened (as
+    ``arrays.numpy_outputs`` flattens what the module returns)."""
+    return [leaf for field in expr.fields for leaf in _leaves(field)] if isinstance(expr, relax.Tuple) else [expr]
+
+
+def _numpy(tensor) -> np.ndarray:
+    import torch
+
+    return (tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor).cpu().numpy()

@@ -1,0 +1,124 @@
+"""An engine alone over the accuracy budget in a reduced precision is split: float32 up to the
+earliest cut the forecast finds within the budget, the reduced precision after it."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import collage
+from collage.candidates.backend import GRAPH_LEVEL, Backend, BackendSet, default_backends
+from collage.candidates.fx_convert import convertible, to_fx
+from collage.assembling.checked import assemble_and_check
+from collage.candidates.generate import Candidate, split_at
+from collage.candidates.pattern import PatternRule
+from collage.candidates.precision import BFLOAT16, FLOAT32, INT8, TF32
+from collage.candidates.subgraph import SubGraph
+from collage.choosing.precision_split import Forecast, NoSplit
+from collage.measuring.arrays import Reference, numpy_outputs, relative_error, to_tensors
+from collage.measuring.cost import Cost
+from collage.measuring.cost_log import CostLog
+from collage.measuring.runner import InProcess
+from collage.model.graph import DataflowGraph
+from collage.placing.placement import Partition, Placement
+from collage.record import FinalistKind, FinalistName
+from tests.test_precision import FAST
+
+LAYERS, WIDTH = 12, 64
+
+
+def deep_chain(layers: int = LAYERS, width: int = WIDTH, seed: int = 0) -> tvm.IRModule:
+    """``tanh(h @ W)`` ``layers`` times, with weights of gain 2: each layer stretches what the
+    ones before it got wrong, as a deep network's early layers' errors grow through it."""
+    rng = np.random.default_rng(seed)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, width), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = x
+            for _ in range(layers):
+                w = (rng.standard_normal((width, width)) * 2 / np.sqrt(width)).astype("float32")
+                h = bb.emit(relax.op.tanh(relax.op.matmul(h, relax.const(w))))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def compile_eager(func, pattern, target, threads, precision=FLOAT32):
+    """A test engine: collage's conversion of ``func`` run by PyTorch, eager, under autocast
+    in a reduced precision; the math the forecast assumes."""
+    import torch
+
+    module, inputs = to_fx(func), len(func.params)
+
+    def kernel(*tensors):
+        args = [torch.from_dlpack(t) for t in tensors[:inputs]]
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == BFLOAT16):
+            outputs = module(*args)
+        for out, into in zip(outputs, tensors[inputs:]):
+            torch.from_dlpack(into).copy_(out)
+
+    return kernel
+
+
+EAGER = Backend(name="eager", kind=GRAPH_LEVEL, targets=("llvm",), compile=compile_eager,
+                rules=(PatternRule("eager.ops", convertible, lambda group, node: True),),
+                library="PyTorch eager", precisions=lambda target: (BFLOAT16,))  # fmt: skip
+
+
+def x_and_reference(mod):
+    x = np.random.default_rng(1).standard_normal((4, WIDTH)).astype("float32")
+    vm = relax.VirtualMachine(relax.build(mod, "llvm"), tvm.cpu())
+    return x, vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def test_the_forecast_errs_less_the_later_the_cut_and_as_much_as_the_engine_split_there():
+    mod = deep_chain()
+    graph, (x, reference) = DataflowGraph.from_module(mod), x_and_reference(mod)
+    region, draw = SubGraph(graph, frozenset(range(len(graph)))), Reference([x], [reference])
+    forecast = Forecast(graph, [draw], BFLOAT16, "cpu")
+    early, late = forecast.error(region, 1), forecast.error(region, len(graph) - 4)
+    assert late < early / 4 and early > 1e-2
+    # The engine itself split there: the error forecast.
+    sides = zip(split_at(region, 5), (FLOAT32, BFLOAT16))
+    partitions = tuple(Partition(Candidate(side, "eager", "eager.part", at), Cost.of(0.01)) for side, at in sides)
+    backends = BackendSet([default_backends()["tvm"], EAGER])
+    built = assemble_and_check(graph, Placement(graph, partitions), draw, backends, "llvm", 1, 1.0, held_to_budget=True)
+    assert [p.candidate.precision for p in built.partitions] == [FLOAT32, BFLOAT16] and not built.fallbacks
+    error = relative_error(numpy_outputs(built.vm["main"](*to_tensors([x]))), [reference])
+    # The engine's autocast leaves tanh on bfloat16 values, the forecast in float32: 3% apart here.
+    assert error == pytest.approx(forecast.error(region, 5), rel=0.1)
+
+
+def test_tf32_is_forecast_closer_than_bfloat16_and_int8_not_at_all():
+    mod = deep_chain()
+    graph, (x, reference) = DataflowGraph.from_module(mod), x_and_reference(mod)
+    region, draws = SubGraph(graph, frozenset(range(len(graph)))), [Reference([x], [reference])]
+    tf32, bf16 = (Forecast(graph, draws, p, "cpu").error(region, 1) for p in (TF32, BFLOAT16))
+    assert 0 < tf32 < bf16 / 4  # 10 bits of mantissa against 7
+    with pytest.raises(NoSplit, match="no forecast of int8"):
+        Forecast(graph, [], INT8, "cpu")
+
+
+def optimize(mod, tmp_path, accuracy):
+    return collage.optimize(mod, backends=BackendSet([default_backends()["tvm"], EAGER]), accuracy=accuracy,
+                            cost_log=CostLog(tmp_path / "c.sqlite"), timing=FAST, progress=False, runner=InProcess())  # fmt: skip
+
+
+def test_an_engine_over_the_budget_computes_its_first_ops_in_float32_and_the_rest_reduced(tmp_path):
+    mod = deep_chain()
+    opt = optimize(mod, tmp_path, accuracy=2e-2)
+    alone, split = (FinalistName(kind, "eager", precision=BFLOAT16) for kind in (FinalistKind.ENGINE_ALONE, FinalistKind.ENGINE_SPLIT))
+    # Whole in bfloat16 it misses the budget; split, it is a finalist within it.
+    assert "exceeds the accuracy budget 0.02, measured alone" in opt.record.left_out[str(alone)]
+    assert "split into float32 up to op" in opt.record.left_out[str(alone)]
+    assert split in opt.record.finalists and opt.record.finalists[split].error <= 2e-2
+    x, reference = x_and_reference(mod)
+    assert relative_error([opt(x)], [reference]) <= 2e-2
+
+
+def test_where_even_the_last_cut_misses_the_budget_nothing_is_split_and_float32_is_kept(tmp_path):
+    opt = optimize(deep_chain(), tmp_path, accuracy=1e-7)
+    alone = FinalistName(FinalistKind.ENGINE_ALONE, "eager", precision=BFLOAT16)
+    assert "not split: not within the budget even in float32 up to its last cut" in opt.record.left_out[str(alone)]
+    assert all(p.candidate.precision == FLOAT32 for p in opt.placement)
