@@ -1,6 +1,7 @@
 """Test-wide settings: no test writes to the user's cost log; the timing of the finalists'
-race, of the fresh-process race and of the call paths is the suite's quick one
-(``tests/quick_settings.py``) wherever that mechanism is not itself under test."""
+race (run once, not again while other processes are busy), of the fresh-process race and of
+the call paths is the suite's quick one (``tests/quick_settings.py``) wherever that mechanism
+is not itself under test."""
 
 import importlib
 
@@ -35,11 +36,13 @@ def quick_timing():
 # Where each mechanism is under test, and so keeps its real setting: the fresh-process race in
 # tests marked ``fresh_race``; the two call paths in ``tests/test_caller.py``, which tests that
 # choice; the finalists' race in ``tests/test_confirm.py``, which races again whichever finalist
-# ran close (the tests of the race's own rules time with protocols of their own).
+# ran close (the tests of the race's own rules time with protocols of their own); the race run
+# again while other processes are busy in ``tests/test_finalists.py``, which tests that.
 UNDER_TEST = {
     "CLOSE": lambda request: "fresh_race" in request.keywords,
     "CALL_PATHS": lambda request: request.module.__name__.endswith("test_caller"),
     "FINALIST_PROTOCOL": lambda request: request.module.__name__.endswith("test_confirm"),
+    "ATTEMPTS": lambda request: request.module.__name__.endswith("test_finalists"),
 }
 
 

@@ -197,7 +197,8 @@ def _quietest(timing) -> Timed:
             quietest = Timed(costs, busy, attempt, race)
         if busy is None or busy <= MAX_OTHERS_BUSY:
             break
-        time.sleep(PAUSE_S)
+        if attempt < ATTEMPTS:  # no pause after the last: nothing is timed after it
+            time.sleep(PAUSE_S)
     return quietest._replace(attempts=attempt)
 
 
