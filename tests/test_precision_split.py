@@ -122,3 +122,57 @@ def test_where_even_the_last_cut_misses_the_budget_nothing_is_split_and_float32_
     alone = FinalistName(FinalistKind.ENGINE_ALONE, "eager", precision=BFLOAT16)
     assert "not split: not within the budget even in float32 up to its last cut" in opt.record.left_out[str(alone)]
     assert all(p.candidate.precision == FLOAT32 for p in opt.placement)
+
+
+def compile_rough(func, pattern, target, threads, precision=FLOAT32):
+    """A test engine that errs twice as much as PyTorch's bfloat16: what the forecast cannot see."""
+    exact, reduced = compile_eager(func, pattern, target, threads), compile_eager(func, pattern, target, threads, precision)
+
+    def kernel(*tensors):
+        import torch
+
+        reduced(*tensors)
+        if precision == FLOAT32:
+            return
+        inputs = len(func.params)
+        outputs = [torch.from_dlpack(t) for t in tensors[inputs:]]
+        rounded = [o.clone() for o in outputs]
+        exact(*tensors)
+        for out, r in zip(outputs, rounded):
+            out.add_(2 * (r - out))  # exact + 2 * (bfloat16 - exact)
+
+    return kernel
+
+
+ROUGH = Backend(name="rough", kind=GRAPH_LEVEL, targets=("llvm",), compile=compile_rough,
+                rules=(PatternRule("rough.ops", convertible, lambda group, node: True),),
+                library="PyTorch eager, rougher", precisions=lambda target: (BFLOAT16,))  # fmt: skip
+
+
+class _Flat:
+    """A test-only cost source: every candidate 0.01 ms, no transition."""
+
+    def cost(self, candidate):
+        return Cost.of(0.01)
+
+    def transition_ms(self, backend):
+        return 0.0
+
+
+def test_an_engine_that_errs_more_than_forecast_is_split_later_by_as_much():
+    from collage.choosing.policy import module_error
+    from collage.choosing.precision_split import split_in_precision
+    from collage.config import Config
+
+    mod = deep_chain()
+    graph, (x, reference) = DataflowGraph.from_module(mod), x_and_reference(mod)
+    draws, config = [Reference([x], [reference])], Config(threads=1, accuracy=2e-2)
+    error_of = lambda f: module_error(f, draws, "llvm")  # noqa: E731
+    cuts = {}
+    for engine in (EAGER, ROUGH):
+        whole = Candidate(SubGraph(graph, frozenset(range(len(graph)))), engine.name, f"{engine.name}.region", BFLOAT16)
+        backends = BackendSet([default_backends()["tvm"], engine])
+        split = split_in_precision(whole, draws, graph, _Flat(), backends, config, error_of)
+        assert split.error <= 2e-2 and [p.candidate.precision for p in split.finalist.partitions] == [FLOAT32, BFLOAT16]
+        cuts[engine.name] = split.cut
+    assert cuts["rough"] > cuts["eager"]  # its first try, at the forecast's cut, erred twice the forecast
