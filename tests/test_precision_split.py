@@ -22,7 +22,7 @@ from collage.measuring.runner import InProcess
 from collage.model.graph import DataflowGraph
 from collage.placing.placement import Partition, Placement
 from collage.record import FinalistKind, FinalistName
-from tests.test_precision import FAST
+from tests.test_precision import FAST, _Flat
 
 LAYERS, WIDTH = 12, 64
 
@@ -147,16 +147,6 @@ def compile_rough(func, pattern, target, threads, precision=FLOAT32):
 ROUGH = Backend(name="rough", kind=GRAPH_LEVEL, targets=("llvm",), compile=compile_rough,
                 rules=(PatternRule("rough.ops", convertible, lambda group, node: True),),
                 library="PyTorch eager, rougher", precisions=lambda target: (BFLOAT16,))  # fmt: skip
-
-
-class _Flat:
-    """A test-only cost source: every candidate 0.01 ms, no transition."""
-
-    def cost(self, candidate):
-        return Cost.of(0.01)
-
-    def transition_ms(self, backend):
-        return 0.0
 
 
 def test_an_engine_that_errs_more_than_forecast_is_split_later_by_as_much():
