@@ -152,13 +152,14 @@ class Promotes(torch.nn.Module):
     integers times, plus or divided by floats, integers divided truly (LongT5's
     ``ones_like(mask) / 16`` was 0), integers into float functions, a mask's running count
     (booleans); and what it refused: ``//`` of int64 by a number, ``sigmoid`` of integers,
-    ``where`` of integers and floats."""
+    ``where`` of integers and floats, integer powers (TVM's power takes floats)."""
 
     def forward(self, x, ids):
         mask = x > 0
         return (ids * 0.5, ids / 16, 1.5 - ids, mask * 0.5, ids // 2.5, ids**0.5, mask.cumsum(-1), ids.cumsum(-1),
                 mask.cumprod(-1), ids.long() // 4, torch.div(ids.long() - 5, 4, rounding_mode="floor"),
-                torch.reciprocal(ids), torch.sigmoid(ids), torch.where(mask, ids, x), torch.clamp(ids, min=0.5))  # fmt: skip
+                torch.reciprocal(ids), torch.sigmoid(ids), torch.where(mask, ids, x), torch.clamp(ids, min=0.5),
+                torch.pow(2, ids % 40), ids.long() ** 3, torch.pow(ids, ids % 3))  # fmt: skip
 
 
 def test_what_torch_computes_in_a_promoted_dtype_is_imported_in_that_dtype():

@@ -88,6 +88,9 @@ _PROMOTING = {
 }  # fmt: skip
 # A running sum or product of booleans or integers, which torch counts in int64.
 _RUNNING = ("cumsum.default", "cumprod.default")
+# Powers, which TVM computes of floats only ("power" of integers fails to build), and torch of
+# integers too (``torch.pow(2, ids)``, relative-position buckets).
+_POWERS = ("pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar")
 
 
 def with_result_dtypes(program):
@@ -95,7 +98,8 @@ def with_result_dtypes(program):
     would compute in another: the operands of a promoting operator (``_PROMOTING``) cast to the
     result's dtype first, and a running sum or product (``_RUNNING``) given it as its
     ``dtype=`` (the importer reads only that, and otherwise keeps the input's: a mask's
-    running count came out as booleans). The same computation; the program is changed in place."""
+    running count came out as booleans), an integer power computed in float64 and rounded
+    back (``_power_in_float64``). The same computation; the program is changed in place."""
     import torch
 
     graph = program.graph
@@ -106,11 +110,42 @@ def with_result_dtypes(program):
         name = node.target.__name__  # "mul.Tensor", as the importer's table names it
         if name in _RUNNING and "dtype" not in node.kwargs and _dtype(node.args[0]) not in (None, result.dtype):
             node.kwargs = {**node.kwargs, "dtype": result.dtype}
+        elif name in _POWERS and not result.dtype.is_floating_point:
+            _power_in_float64(graph, node, result)
         elif name in _PROMOTING:
             taking = _PROMOTING[name]
             node.args = tuple(_cast(graph, node, arg, result.dtype) if taking is _ALL or k in taking else arg
                               for k, arg in enumerate(node.args))  # fmt: skip
     return program
+
+
+def _power_in_float64(graph, node, result) -> None:
+    """``node``, an integer power, computed on float64 operands, rounded to int64 and
+    narrowed to its dtype: exact while the power is below 2**53 (float64's integers), and
+    wrapping around a narrower dtype's range as torch's does (``2 ** 39`` in int32 is 0)."""
+    import torch
+
+    node.args = tuple(_cast(graph, node, arg, torch.float64) for arg in node.args)
+    with _fake_mode(result):
+        node.meta["val"] = result.to(torch.float64)
+    chain, last = [(torch.ops.aten.round.default, {}, torch.float64), (torch.ops.aten._to_copy.default,
+                   {"dtype": torch.int64}, torch.int64)], node  # fmt: skip
+    if result.dtype != torch.int64:  # narrowed from int64, as torch's own powers wrap around
+        chain.append((torch.ops.aten._to_copy.default, {"dtype": result.dtype}, result.dtype))
+    added = []
+    for op, kwargs, dtype in chain:
+        with graph.inserting_after(last):
+            last = graph.call_function(op, (last,), kwargs)
+        with _fake_mode(result):
+            last.meta["val"] = result.to(dtype)
+        added.append(last)
+    node.replace_all_uses_with(last, delete_user_cb=lambda user: user is not added[0])
+
+
+def _fake_mode(value):
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode([value]) or contextlib.nullcontext()
 
 
 def _value(arg):
@@ -126,14 +161,13 @@ def _cast(graph, node, arg, dtype):
     """``arg`` (an argument of ``node``) as ``dtype``, by a cast inserted before ``node`` where
     it is a tensor of another dtype."""
     import torch
-    from torch._guards import detect_fake_mode
 
     value = _value(arg)
     if not isinstance(value, torch.Tensor) or value.dtype == dtype:
         return arg
     with graph.inserting_before(node):
         cast = graph.call_function(torch.ops.aten._to_copy.default, (arg,), {"dtype": dtype})
-    with detect_fake_mode([value]) or contextlib.nullcontext():
+    with _fake_mode(value):
         cast.meta["val"] = value.to(dtype)
     return cast
 
