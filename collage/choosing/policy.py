@@ -48,6 +48,7 @@ def placements(graph, candidates, costs, usable, graph_level: bool, offered: dic
     to split."""
     placements: dict[FinalistName, Placement] = {}
     every_precision, candidates = candidates, [c for c in candidates if c.precision == FLOAT32]
+    missed = {} if missed is None else missed
 
     def add(name: FinalistName, placement: Placement) -> FinalistName:
         same = next((other for other, p in placements.items() if _parts(p) == _parts(placement)), None)
@@ -67,8 +68,7 @@ def placements(graph, candidates, costs, usable, graph_level: bool, offered: dic
         if backend.kind != GRAPH_LEVEL:
             continue
         for precision in (FLOAT32, *offered.get(backend.name, ())):
-            name = _engine_placement(graph, backend, precision, every_precision, tvm_only, costs, notes, add,
-                                     {} if missed is None else missed)  # fmt: skip
+            name = _engine_placement(graph, backend, precision, every_precision, tvm_only, costs, notes, add, missed)
             if name is not None and precision == FLOAT32:
                 alone[backend.name] = name
     return placements, alone
@@ -90,11 +90,11 @@ def _engine_placement(graph, backend, precision, candidates, tvm_only, costs, no
     if not regions:
         return None
     whole = next((c for c in regions if len(c.subgraph) == len(graph)), None)
-    if whole is not None and costs.cost(whole).is_invalid:
-        if costs.cost(whole).error is not None:  # it ran, over the budget: within_budget says so
-            missed[FinalistName(FinalistKind.ENGINE_ALONE, backend.name, precision=precision)] = Partition(whole, costs.cost(whole))
+    if whole is not None and (cost := costs.cost(whole)).is_invalid:
+        if cost.error is not None:  # it ran, over the budget: within_budget says so
+            missed[FinalistName(FinalistKind.ENGINE_ALONE, backend.name, precision=precision)] = Partition(whole, cost)
         else:
-            notes[backend.name + at] = f"{backend.name}{at} alone is not a finalist: {costs.cost(whole).reason}"
+            notes[backend.name + at] = f"{backend.name}{at} alone is not a finalist: {cost.reason}"
         regions.remove(whole)
         whole = None
     if not regions:  # nothing but TVM would be left: the float32 finalists have that placement

@@ -14,8 +14,9 @@ Where to cut is forecast, not built: trying a cut for real is compiling two engi
 side (``fx_convert``) in PyTorch, eager, on the target's device: the first side in float32, the
 second with its convolutions and matrix products in the reduced precision as tensor cores and AMX
 compute them (inputs rounded to it, sums in float32), on every input set the budget is held to.
-Run so, PyTorch forecast ResNet-50's errors on a CPU as inductor made them on an H100 (float16
-3.2e-2 both, TF32 2.8e-2 against 2.5e-2, bfloat16 0.16 against 0.13). Bisection over the
+Run so on a CPU, with only its stem convolution in float32, ResNet-50 errs about as inductor
+did on the whole model on an H100: TF32 2.5e-2 (H100: 2.5e-2), float16 2.9e-2 (3.2e-2),
+bfloat16 0.15 (0.13). Bisection over the
 cuts where the fewest tensors cross (a residual block's end, a layer's) finds the earliest cut
 whose forecast is within the budget. That split is then built and checked for real; where the
 engine errs more than the forecast (OpenVINO's bfloat16 keeps element-wise results in bfloat16

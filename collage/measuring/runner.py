@@ -176,8 +176,11 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
         found = reference if task.reference is None and task.inputs is None else None
         problem = mismatch(actual, reference, task.rtol)
         # A reduced precision's own error is kept with its cost (float32's is noise), and with
-        # its failure where it misses the budget: a policy may still use part of it in float32.
-        error = None if task.precision == FLOAT32 else relative_error(actual, reference)
+        # its failure where its values miss the budget: a policy may still use part of it in
+        # float32. Outputs of other shapes or dtypes have no such error.
+        alike = len(actual) == len(reference) and all(a.shape == e.shape and a.dtype == e.dtype
+                                                      for a, e in zip(actual, reference))  # fmt: skip
+        error = None if task.precision == FLOAT32 or not alike else relative_error(actual, reference)
         if problem is not None:
             return MeasureResult(Cost.invalid(f"wrong result: {problem}", error), found, compile_s=compile_s)
         cost = _time(kernel, inputs, outputs, task)

@@ -128,18 +128,18 @@ def _power_in_float64(graph, node, result) -> None:
     node.args = tuple(_cast(graph, node, arg, torch.float64) for arg in node.args)
     with _fake_mode(result):
         node.meta["val"] = result.to(torch.float64)
-    chain, last = [(torch.ops.aten.round.default, {}, torch.float64), (torch.ops.aten._to_copy.default,
-                   {"dtype": torch.int64}, torch.int64)], node  # fmt: skip
-    if result.dtype != torch.int64:  # narrowed from int64, as torch's own powers wrap around
-        chain.append((torch.ops.aten._to_copy.default, {"dtype": result.dtype}, result.dtype))
-    added = []
-    for op, kwargs, dtype in chain:
+    aten = torch.ops.aten
+    with graph.inserting_after(node):
+        rounded = graph.call_function(aten.round.default, (node,))
+    last = rounded
+    for dtype in dict.fromkeys((torch.int64, result.dtype)):  # then narrowed, wrapping as torch's own powers do
         with graph.inserting_after(last):
-            last = graph.call_function(op, (last,), kwargs)
+            last = graph.call_function(aten._to_copy.default, (last,), {"dtype": dtype})
         with _fake_mode(result):
             last.meta["val"] = result.to(dtype)
-        added.append(last)
-    node.replace_all_uses_with(last, delete_user_cb=lambda user: user is not added[0])
+    with _fake_mode(result):
+        rounded.meta["val"] = result.to(torch.float64)
+    node.replace_all_uses_with(last, delete_user_cb=lambda user: user is not rounded)
 
 
 def _fake_mode(value):
