@@ -12,7 +12,13 @@ FRESH_RACE_CLOSE = None
 CALL_PATHS = Protocol(rounds=3, block_ms=5.0, settle_s=0.0, warmup_s=0.01)
 # The finalists' race (``finalists.time_finalists``): blocks of 60 ms after 0.1 s of idle,
 # 7 rounds or up to 21, were 5-13 s of each optimization here, most of the suite's time.
-FINALIST_PROTOCOL = Protocol(rounds=7, block_ms=15.0, settle_s=0.02, warmup_s=0.05)
+# Blocks of 15 ms after 5 ms: a pause longer than the block it precedes (20 ms) was 0.6-0.8 s
+# of a race, and the races 13% of the suite.
+FINALIST_PROTOCOL = Protocol(rounds=7, block_ms=15.0, settle_s=0.005, warmup_s=0.05)
+# Before each of a race's blocks, the process is idle over three probes in a row
+# (``timing.settle``): 2 ms each, not 5. The pause and the probes (35 ms a block) were 83 s of
+# a 17-minute suite.
+SETTLE_PROBE_S = 0.002
 # The finalists' race run again, after a 2 s pause, while other processes keep more than 0.15
 # cores busy (``finalists._quietest``): on a machine the suite shares, up to three races and
 # 4 s of pauses an optimization (a single-operator ONNX case took 23 s, 13 of them there).
@@ -29,6 +35,7 @@ SETTINGS = (
     ("collage.assembling.caller", "CALL_PATHS", CALL_PATHS),
     ("collage.choosing.finalists", "FINALIST_PROTOCOL", FINALIST_PROTOCOL),
     ("collage.choosing.finalists", "ATTEMPTS", FINALIST_ATTEMPTS),
+    ("collage.measuring.timing", "SETTLE_PROBE_S", SETTLE_PROBE_S),
 )
 
 

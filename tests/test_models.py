@@ -1,4 +1,7 @@
-"""Every zoo model, compiled by TVM's default pipeline and run through ONNX Runtime, matches PyTorch.
+"""Every zoo model's ONNX export, run by ONNX Runtime, matches PyTorch. Its Relax module, run by
+TVM's default pipeline, is checked against PyTorch once simplified, as collage places it
+(``tests/test_simplify.py``), where an import that computes otherwise fails as well; compiling
+each model before simplification too took 50 s of the suite.
 
 Models run at their reduced test sizes (``experiments.models.SMALL_INPUTS``). Tolerance: the
 largest absolute difference must stay within 1e-3 of the reference's largest magnitude;
@@ -7,30 +10,14 @@ float32 accumulation-order differences across 50+ layers sit around 1e-5..3e-4 o
 
 import numpy as np
 import pytest
-import tvm
 
-from collage.measuring.build import reference_vm
 from experiments import models
 from tests.helpers import assert_close, zoo
+
 
 @pytest.fixture(scope="module", params=list(models.MODELS))
 def workload(request):
     return zoo(request.param)
-
-
-def test_tvm_default_pipeline_matches_torch(workload):
-    mod = workload.relax
-    assert "main" in [gv.name_hint for gv in mod.get_global_vars()]
-    # Unoptimized by LLVM, as collage's references are: the pipeline's answer, in a third of
-    # the compile time.
-    vm = reference_vm(mod)
-    out = vm["main"](*[tvm.runtime.tensor(x.numpy()) for x in workload.inputs])
-    # from_exported_program returns a tuple of outputs even for one.
-    outs = [out[i].numpy() for i in range(len(out))] if not hasattr(out, "numpy") else [out.numpy()]
-    refs = workload.reference()
-    assert len(outs) == len(refs)
-    for o, r in zip(outs, refs):
-        assert_close(o, r, f"{workload.name} on tvm")
 
 
 def test_onnx_export_runs_in_onnxruntime(workload):
