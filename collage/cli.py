@@ -418,6 +418,8 @@ def log_stats_command(args) -> int:
 
 
 def log_show_command(args) -> int:
+    from .candidates.precision import short
+
     log = _existing_log(args)
     if log is None:
         return EXIT_OK
@@ -429,6 +431,8 @@ def log_show_command(args) -> int:
             if r.failure is None
             else f"failed: {r.failure}"
         )
+        if r.error is not None:  # a reduced precision's: each run holds it to its own budget
+            cost += f" ({short(r.precision)}, error {r.error:.2g})"
         rows.append((r.measured_at, r.backend, r.pattern, str(r.threads), r.key[:12], cost))
     total = sum(s.rows for (b, _), s in log.stats().items() if args.backend in (None, b))
     print(f"cost log {log.path}: {len(found)} of {total} rows, newest first")

@@ -4,11 +4,13 @@ end to end; without one, nothing changes."""
 
 import json
 import re
+import sqlite3
 
 import numpy as np
 import pytest
 
 import collage
+from collage import cli
 from tvm.script import ir as I
 from tvm.script import relax as R
 from collage.candidates.backend import BackendSet, default_backends
@@ -24,6 +26,8 @@ from collage.placing.placement import Partition, Placement, tvm_op
 from collage.candidates.precision import BFLOAT16, FLOAT16, FLOAT32, bf16_unavailable
 from collage.measuring.cost import cpu_info
 from collage.measuring.cost_log import CostLog
+from collage.measuring.measure import Measurer
+from collage.candidates.generate import generate, in_precisions
 from collage.measuring.runner import InProcess
 from collage.measuring.arrays import relative_error
 from collage.measuring.timing import Timing
@@ -66,13 +70,54 @@ def test_reduced_candidates_are_measured_logged_by_precision_and_checked_within_
 def test_a_reduced_precision_too_coarse_for_the_budget_is_rejected_with_its_measured_error(tmp_path):
     log = CostLog(tmp_path / "c.sqlite")
     opt = optimize(TOO_COARSE, log, accuracy=1e-2)
+    # The log keeps the measurement and its error (0.3); the budget is this run's verdict.
     reduced = [r for r in log.rows("too_coarse") if r.precision == BFLOAT16]
-    assert reduced and all(r.failure.startswith("wrong result: output 0: max |diff|") and "exceeds 0.01" in r.failure
+    assert reduced and all(r.failure is None and r.median_ms > 0 and r.error == pytest.approx(0.3, rel=0.05)
                            for r in reduced)  # fmt: skip
     assert all(p.candidate.precision == FLOAT32 for p in opt.placement)
     assert "no placement in a reduced precision stayed within the budget: float32 kept" in opt.report()
     x, w = inputs()
     np.testing.assert_allclose(opt(x, w), run_unoptimized(Unary, x, w), rtol=1e-5, atol=1e-6)
+
+
+def test_a_cost_logged_under_one_budget_is_held_to_another_without_measuring_again(tmp_path, capsys):
+    """A reduced precision's cost is logged with its error, not with a verdict on the budget it
+    was measured under: a later run with a tighter budget holds it out, one with a looser
+    budget takes it, neither measuring anything. A verdict logged by earlier versions (a failure
+    with its error, nothing timed) is measured again where this run's budget accepts it."""
+    log = CostLog(tmp_path / "c.sqlite")
+    graph = DataflowGraph(Unary["main"])
+
+    def measured(backend, accuracy) -> tuple[list[Cost], int]:
+        """The costs of ``backend``'s bfloat16 candidates in a run with ``accuracy``, and how many it measured."""
+        backends = BackendSet([default_backends()["tvm"], backend])
+        measurer = Measurer(backends, Config(threads=2, timing=FAST, runner=InProcess(), accuracy=accuracy), log)
+        offered = in_precisions(generate(graph, backends), {backend.name: (BFLOAT16,)})
+        reduced = list({measurer.key(c): c for c in offered if c.precision == BFLOAT16}.values())  # distinct
+        measurer.measure_all(reduced, progress=False)
+        return [measurer.cost(c) for c in reduced], measurer.measured
+
+    costs, count = measured(FINE, 1e-2)  # bfloat16 errs 1e-3
+    assert count == len(costs) > 0 and all(c.is_valid and c.error == pytest.approx(1e-3, rel=0.05) for c in costs)
+    costs, count = measured(FINE, 1e-4)
+    assert count == 0 and all(c.is_invalid and "exceeds the accuracy budget 0.0001" in c.reason for c in costs)
+    costs, count = measured(TOO_COARSE, 1e-2)  # bfloat16 errs 0.3: timed all the same
+    assert count == len(costs) and all(c.is_invalid and c.error == pytest.approx(0.3, rel=0.05) for c in costs)
+    rows = [r for r in log.rows("too_coarse") if r.precision == BFLOAT16]
+    assert rows and all(r.failure is None and r.median_ms > 0 for r in rows)
+    costs, count = measured(TOO_COARSE, 0.5)
+    assert count == 0 and all(c.is_valid for c in costs)
+    capsys.readouterr()
+    assert cli.main(["log", "show", "--log", str(log.path), "--backend", "too_coarse"]) == 0
+    assert "(bf16, error 0.3)" in capsys.readouterr().out  # what each run's budget holds it against
+
+    with sqlite3.connect(log.path) as conn:  # as a log written before stop 68 holds it
+        conn.execute("UPDATE costs SET failure = 'wrong result: output 0: max |diff| 0.003 exceeds 0.0001 x max "
+                     "|expected| 3', median_ms = NULL, spread_ms = NULL, samples = NULL WHERE precision = ?", (BFLOAT16,))
+    costs, count = measured(FINE, 1e-2)
+    assert count == len(costs) and all(c.is_valid for c in costs)
+    rows = [r for r in log.rows("fine") if r.precision == BFLOAT16]
+    assert len(rows) == len(costs) and all(r.failure is None and r.median_ms > 0 for r in rows)
 
 
 # fmt: off
@@ -106,8 +151,8 @@ def test_bfloat16_is_measured_only_where_float16_misses_the_budget(tmp_path):
     rows = kernel_rows(log, "out_of_range")
     by_precision = {p: [r for r in rows if r.precision == p] for p in (FLOAT16, BFLOAT16)}
     assert len(by_precision[BFLOAT16]) == len(by_precision[FLOAT16]) > 0
-    assert all(r.failure is not None for r in by_precision[FLOAT16])
-    assert all(r.failure is None for r in by_precision[BFLOAT16]) and not out_of_range.record.skipped
+    assert all(r.error > 1e-2 for r in by_precision[FLOAT16])  # measured, and over the budget
+    assert all(r.error <= 1e-2 for r in by_precision[BFLOAT16]) and not out_of_range.record.skipped
 
 
 def test_a_budget_outside_zero_to_one_is_refused(tmp_path):

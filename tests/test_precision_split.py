@@ -124,6 +124,25 @@ def test_where_even_the_last_cut_misses_the_budget_nothing_is_split_and_float32_
     assert all(p.candidate.precision == FLOAT32 for p in opt.placement)
 
 
+def test_a_cut_after_the_last_product_is_never_made(tmp_path):
+    """Past the last convolution or matrix product nothing computes reduced: with the budget
+    met only with the model's one product in float32, there is nothing to split."""
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, WIDTH), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, relax.const(rng.standard_normal((WIDTH, WIDTH)).astype("float32"))))
+            for _ in range(4):
+                h = bb.emit(relax.op.tanh(h))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    opt = optimize(bb.get(), tmp_path, accuracy=1e-5)
+    alone = FinalistName(FinalistKind.ENGINE_ALONE, "eager", precision=BFLOAT16)
+    assert "not split: no cut leaves a convolution or matrix product to compute reduced" in opt.record.left_out[str(alone)]
+    assert all(p.candidate.precision == FLOAT32 for p in opt.placement)
+
+
 def compile_rough(func, pattern, target, threads, precision=FLOAT32):
     """A test engine that errs twice as much as PyTorch's bfloat16: what the forecast cannot see."""
     exact, reduced = compile_eager(func, pattern, target, threads), compile_eager(func, pattern, target, threads, precision)

@@ -38,11 +38,15 @@ from ..candidates.generate import PART_SUFFIX, Candidate, crossings, split_at
 from ..candidates.precision import BFLOAT16, FLOAT16, FLOAT32, TF32, reduced, short
 from ..candidates.subgraph import SubGraph
 from ..errors import OptimizeError
-from ..measuring.arrays import Reference, relative_error
+from ..measuring.arrays import GROSS_FAULT, Reference, relative_error
 from ..measuring.build import is_cuda
 from ..placing.placement import Partition, Placement
 
 TRIES = 2  # real builds: at the forecast's cut, then at the cut the engine's own error calls for
+# The ops whose conversion computes in the reduced precision (``_reduced_products``: the
+# convolutions and matrix products ``fx_convert`` writes them as); the rest stay float32 in
+# both, so a cut after the last of them would reduce nothing.
+PRODUCTS = frozenset({"relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.matmul", "relax.einsum"})
 MARGIN = 0.9  # a second try aims this far inside the budget: the engine's errors vary from cut to cut
 
 
@@ -77,8 +81,11 @@ def split_in_precision(whole: Candidate, draws: list[Reference], graph, costs, b
     later cut is tried. Raises NoSplit."""
     engine, precision, region = whole.backend, whole.precision, whole.subgraph
     counts = crossings(region)
+    order = sorted(region.nodes)
+    last_product = max((k for k, node in enumerate(order) if graph[node].op in PRODUCTS), default=-1)
+    counts = counts[:last_product]  # a cut after which a product is left to reduce
     if not counts:
-        raise NoSplit("a model of one op has no cut")
+        raise NoSplit("no cut leaves a convolution or matrix product to compute reduced")
     cuts = [k for k, count in enumerate(counts) if count == min(counts)]
     forecast = Forecast(graph, draws, precision, "cuda" if is_cuda(config.target) else "cpu")
     forecasts: dict[int, float] = {}  # cut index -> forecast error
@@ -137,7 +144,7 @@ def _built(region: SubGraph, k: int, engine: str, precision: str, graph, referen
         # Checked for gross faults only (beyond the largest output): the caller holds the
         # split to the budget and, where it misses, needs by how much.
         built = assemble_and_check(graph, Placement(graph, tuple(partitions)), reference, backends, config.target,
-                                   config.threads, 1.0, held_to_budget=True)  # fmt: skip
+                                   config.threads, GROSS_FAULT, held_to_budget=True)  # fmt: skip
     except OptimizeError as err:
         raise NoSplit(f"split after op {k + 1}: {err}") from None
     if built.fallbacks:

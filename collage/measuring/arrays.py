@@ -117,6 +117,12 @@ def numpy_outputs(result) -> list[np.ndarray]:
     return [array for r in result for array in numpy_outputs(r)]
 
 
+# An error as large as the largest output itself: no accuracy budget accepts it. A reduced
+# precision is checked against this where its error is held to the budget later, by whoever
+# knows the budget (``Measurer``: a logged measurement serves every budget).
+GROSS_FAULT = 1.0
+
+
 def relative_error(actual: list[np.ndarray], expected: list[np.ndarray]) -> float:
     """The largest, over the outputs, of max |actual - expected| over the largest finite
     magnitude of that expected output: the metric of an accuracy budget (``Config.accuracy``).

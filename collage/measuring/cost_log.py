@@ -193,6 +193,15 @@ class CostLog:
             raise ValueError(f"an unknown cost is not a measurement; not logging it for {key}")
         return self._put(TABLE, _KEY_COLUMNS, key.values(), cost)
 
+    def replace(self, key: LogKey, cost: Cost) -> Cost:
+        """Log ``cost`` for ``key`` in place of what is there; returns the logged one. Only
+        for a row that holds a verdict where a measurement belongs (``Measurer._budget_verdict``):
+        otherwise the first writer wins."""
+        where = " AND ".join(f"{c} = ?" for c in _KEY_COLUMNS)
+        with self._connection() as conn:
+            conn.execute(f"DELETE FROM {TABLE} WHERE {where}", key.values())
+        return self.put(key, cost)
+
     def add_energy(self, key: LogKey, energy_mj: float) -> Cost | None:
         """Fill in the energy of a cost logged without one (measured before a meter was used);
         energy already there stays (first writer wins). Returns the logged cost."""

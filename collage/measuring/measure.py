@@ -35,6 +35,7 @@ import tvm_ffi
 from ..candidates.backend import REFERENCE_BACKEND, BackendSet
 from ..candidates.generate import Candidate
 from ..candidates.precision import FLOAT32, MEASURED_ONLY_AFTER, short
+from .arrays import GROSS_FAULT
 from .cost import Cost, Device, gpu_cache_bytes
 from .cost_log import CostLog, LogKey
 from .runner import MeasureResult, MeasureRunner, MeasureTask
@@ -129,15 +130,35 @@ class Measurer:
 
     def cost(self, candidate: Candidate) -> Cost:
         known = self.known(candidate)
-        return known if known is not None else self._keep(candidate, *self._measure_one(candidate))
+        return known if known is not None else self._judged(self._keep(candidate, *self._measure_one(candidate)))
 
     def known(self, candidate: Candidate) -> Cost | None:
         """``candidate``'s cost as measured (or skipped) in this run or logged, never measuring
-        it: None where it is not known yet (not measured, or not yet with a meter)."""
+        it: None where it is not known yet (not measured, or not yet as this run needs it)."""
         key = self.key(candidate)
-        if key not in self._costs and (cost := self.log.get(key)) is not None and not self._lacks_energy(cost):
+        if key not in self._costs and (cost := self.log.get(key)) is not None and not self._stale(cost):
             self._costs[key] = cost
-        return self._costs.get(key)
+        cost = self._costs.get(key)
+        return None if cost is None else self._judged(cost)
+
+    def _judged(self, cost: Cost) -> Cost:
+        """``cost`` held to this run's accuracy budget: a reduced precision's measurement is
+        logged with its error whatever the budget (the runner checks it for gross faults
+        only), so that a cost measured under one budget serves every other."""
+        if cost.is_valid and cost.error is not None and self.accuracy is not None and not cost.error <= self.accuracy:
+            return Cost.invalid(f"wrong result: error {cost.error:.3g} of the largest output exceeds the accuracy "
+                                f"budget {self.accuracy:g}", cost.error)  # fmt: skip
+        return cost
+
+    def _stale(self, cost: Cost) -> bool:
+        """Whether a logged cost is to be measured again: without the energy this run needs,
+        or a verdict where a measurement belongs (``_budget_verdict``)."""
+        return self._lacks_energy(cost) or self._budget_verdict(cost)
+
+    def _budget_verdict(self, cost: Cost) -> bool:
+        """A reduced precision's failure on a tighter budget than this run's, as logs written
+        before stop 68 hold it (the runner judged the budget, and timed nothing over it)."""
+        return cost.is_invalid and cost.error is not None and self.accuracy is not None and cost.error <= self.accuracy
 
     def transition_ms(self, backend: str) -> float:
         """What entering a partition of ``backend`` costs beyond its kernel (``transition.py``),
@@ -224,7 +245,7 @@ class Measurer:
                 if key in todo or key in self._costs:
                     continue
                 cost = self.log.get(key)
-                if cost is None or self._lacks_energy(cost):
+                if cost is None or self._stale(cost):
                     todo[key] = c
                 else:
                     self._costs[key] = cost
@@ -470,6 +491,8 @@ class Measurer:
             cost = self.log.put(key, cost)
         elif cost.is_valid and cost.energy_mj is not None:  # measured again for its energy
             cost = self.log.add_energy(key, cost.energy_mj)
+        elif self._budget_verdict(logged):  # measured again: its time, where a verdict was
+            cost = self.log.replace(key, cost)
         else:
             cost = logged
         self.measured += 1
@@ -501,7 +524,7 @@ class Measurer:
         except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
             return Cost.invalid(str(err))
         graph, values = self._graph_values()
-        reduced = {} if candidate.precision == FLOAT32 else {"precision": candidate.precision, "rtol": self.accuracy}
+        reduced = {} if candidate.precision == FLOAT32 else {"precision": candidate.precision, "rtol": GROSS_FAULT}
         timing = self.timing if self.ceiling_ms is None else dataclasses.replace(self.timing, ceiling_ms=self.ceiling_ms)
         if self.flushes_cache(candidate.subgraph.graph):
             # Twice the cache: written through, it leaves none of what the candidate reads.

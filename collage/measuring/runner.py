@@ -80,7 +80,8 @@ class MeasureTask:
     ``threads`` threads, on ``inputs`` (None: drawn
     with ``seed``), checked against ``reference`` (TVM's outputs for the same sub-graph and
     inputs; None when not known yet: the task computes it), in ``precision``: a reduced one is
-    checked within ``rtol`` (the accuracy budget) instead of float32's tolerance."""
+    checked within ``rtol`` instead of float32's tolerance (``GROSS_FAULT`` from a
+    ``Measurer``, which holds the error kept with the cost to the budget itself)."""
 
     backend: Backend
     func: relax.Function
