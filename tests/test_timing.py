@@ -5,7 +5,7 @@ time, whatever the pause's length."""
 import threading
 import time
 
-from collage.measuring.timing import SETTLE_MAX_S, Protocol, settle, time_rounds
+from collage.measuring.timing import SETTLE_MAX_S, Protocol, block_calls, settle, time_rounds
 
 
 class Spinner:
@@ -50,3 +50,16 @@ def test_no_block_runs_beside_the_threads_its_neighbour_left_spinning():
     protocol = Protocol(rounds=4, block_ms=5.0, settle_s=0.1, warmup_s=0.01)
     time_rounds({"quiet": quiet, "spinner": spinner}, protocol)  # quiet warms up before any spin
     assert beside and not any(beside)
+
+
+def test_a_block_is_sized_by_warm_calls_not_by_a_slow_first_one():
+    """A first call longer than the whole warm-up (a library's lazy set-up in a fresh process)
+    would make every block one call, each timed cold; the block is filled by warm calls."""
+    calls = []
+
+    def lazy():
+        calls.append(None)
+        time.sleep(0.25 if len(calls) == 1 else 0.001)
+
+    protocol = Protocol(block_ms=20.0, warmup_s=0.2)
+    assert block_calls(lazy, protocol) >= 10
