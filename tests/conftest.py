@@ -35,15 +35,17 @@ def quick_timing():
 
 # Where each mechanism is under test, and so keeps its real setting: the fresh-process race in
 # tests marked ``fresh_race``; the two call paths in ``tests/test_caller.py``, which tests that
-# choice; the race run again while other processes are busy in ``tests/test_finalists.py``,
-# which tests that; the settling pause's probes in ``tests/test_timing.py``, which tests the
-# pause. The finalists' race is quick everywhere: the tests of its rules time with protocols
-# of their own, and the one optimization of ``tests/test_confirm.py`` races every runner-up
-# again, close or not (its real race was 6-9 s of that test).
+# choice; the race run again while other processes are busy, and its rounds for undecided
+# leaders, in ``tests/test_finalists.py``, which tests them; the settling pause's probes in
+# ``tests/test_timing.py``, which tests the pause. The finalists' race is quick everywhere: the
+# tests of its rules time with protocols of their own, and the one optimization of
+# ``tests/test_confirm.py`` races every runner-up again, close or not (its real race was 6-9 s
+# of that test).
 UNDER_TEST = {
     "CLOSE": lambda request: "fresh_race" in request.keywords,
     "CALL_PATHS": lambda request: request.module.__name__.endswith("test_caller"),
     "ATTEMPTS": lambda request: request.module.__name__.endswith("test_finalists"),
+    "MAX_ROUNDS": lambda request: request.module.__name__.endswith("test_finalists"),
     "SETTLE_PROBE_S": lambda request: request.module.__name__.endswith("test_timing"),
 }
 
