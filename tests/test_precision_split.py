@@ -14,7 +14,7 @@ from collage.candidates.generate import Candidate, split_at
 from collage.candidates.pattern import PatternRule
 from collage.candidates.precision import BFLOAT16, FLOAT32, INT8, TF32
 from collage.candidates.subgraph import SubGraph
-from collage.choosing.precision_split import Forecast, NoSplit
+from collage.choosing.precision_split import Forecast, NoSplit, split_in_precision
 from collage.measuring.arrays import Reference, numpy_outputs, relative_error, to_tensors
 from collage.measuring.cost import Cost
 from collage.measuring.cost_log import CostLog
@@ -141,6 +141,16 @@ def test_a_cut_after_the_last_product_is_never_made(tmp_path):
     alone = FinalistName(FinalistKind.ENGINE_ALONE, "eager", precision=BFLOAT16)
     assert "not split: no cut leaves a convolution or matrix product to compute reduced" in opt.record.left_out[str(alone)]
     assert all(p.candidate.precision == FLOAT32 for p in opt.placement)
+    # A model with no product at all has no cut either (refused before anything is forecast).
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.tanh(bb.emit(relax.op.exp(x)))))
+        bb.emit_func_output(out)
+    graph = DataflowGraph.from_module(bb.get())
+    whole = Candidate(SubGraph(graph, frozenset(range(len(graph)))), "eager", "eager.ops", BFLOAT16)
+    with pytest.raises(NoSplit, match="no cut leaves a convolution or matrix product"):
+        split_in_precision(whole, [], graph, None, None, None, None)
 
 
 def compile_rough(func, pattern, target, threads, precision=FLOAT32):

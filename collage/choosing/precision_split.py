@@ -83,7 +83,7 @@ def split_in_precision(whole: Candidate, draws: list[Reference], graph, costs, b
     counts = crossings(region)
     order = sorted(region.nodes)
     last_product = max((k for k, node in enumerate(order) if graph[node].op in PRODUCTS), default=-1)
-    counts = counts[:last_product]  # a cut after which a product is left to reduce
+    counts = counts[: max(last_product, 0)]  # a cut after which a product is left to reduce
     if not counts:
         raise NoSplit("no cut leaves a convolution or matrix product to compute reduced")
     cuts = [k for k, count in enumerate(counts) if count == min(counts)]

@@ -176,9 +176,9 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
         # for the caller's inputs (a model's own values) the caller holds already.
         found = reference if task.reference is None and task.inputs is None else None
         problem = mismatch(actual, reference, task.rtol)
-        # A reduced precision's own error is kept with its cost (float32's is noise), and with
-        # its failure where its values miss the budget: a policy may still use part of it in
-        # float32. Outputs of other shapes or dtypes have no such error.
+        # A reduced precision's own error is kept with its cost (float32's is noise), for the
+        # Measurer to hold to each run's budget, and with its failure where it errs beyond
+        # ``rtol`` (grossly). Outputs of other shapes or dtypes have no such error.
         alike = len(actual) == len(reference) and all(a.shape == e.shape and a.dtype == e.dtype
                                                       for a, e in zip(actual, reference))  # fmt: skip
         error = None if task.precision == FLOAT32 or not alike else relative_error(actual, reference)
