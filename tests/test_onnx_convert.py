@@ -252,6 +252,7 @@ CASES = [
     ("flip", function(lambda x: op.flip(x, 1), X)),
     ("tile", function(lambda x: op.tile(x, [2, 1, 3]), X)),
     ("tile_more_axes", function(lambda x: op.tile(x, [2, 1, 1, 2]), X)),
+    ("tile_fewer_repeats", function(lambda x: op.tile(x, [2]), X)),
     ("repeat", function(lambda x: op.repeat(x, 2, axis=1), X)),
     ("repeat_flat", function(lambda x: op.repeat(x, 3), X)),
     ("stack", function(lambda x, y: op.stack([x, y], axis=1), X, X)),

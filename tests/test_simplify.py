@@ -673,6 +673,58 @@ def test_the_onnx_importers_clip_becomes_one_clip_again():
     _assert_close(_run(simplified, [x]), _run(imported, [x]), 1e-6)
 
 
+def _onnx_pad_model(pads: list[int], value: float, mode: str = "constant"):
+    """A one-node ONNX model ``Pad(x, pads, value)`` on a (1, 3, 5, 6) input, imported by TVM:
+    call_tir of a private ``pad`` PrimFunc (``topi.nn.pad``, or ``mirror_pad`` for reflect)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm.relax.frontend.onnx import from_onnx
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    widths = [numpy_helper.from_array(np.array(pads, np.int64), "pads"), numpy_helper.from_array(np.array(value, np.float32), "value")]
+    graph = helper.make_graph([helper.make_node("Pad", ["x", "pads", "value"], ["y"], mode=mode)], "pad", [x], [y], widths)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    return from_onnx(model, keep_params_in_input=False)
+
+
+@pytest.mark.parametrize(
+    "pads, value, left",
+    [
+        ([0, 0, 1, 0, 0, 0, 2, 3], 0.0, {"relax.nn.pad": 1}),  # uneven, as a "same" convolution's
+        ([0, 1, 0, 1, 0, 0, 0, 1], -np.inf, {"relax.nn.pad": 1}),  # before a max pool
+        ([0, 0, 0, 0, 0, 0, 0, 0], 0.0, {}),  # a padding that computed to nothing: gone
+    ],
+)
+def test_the_onnx_importers_pad_becomes_a_pad_again(pads, value, left):
+    imported = _onnx_pad_model(pads, value)
+    assert "relax.call_tir" in op_histogram(imported)
+    simplified, report = collage.simplify(imported, report=True)
+    assert dict(op_histogram(simplified)) == left and report.applied("te_calls_as_ops") == 1
+    x = _random(1, 3, 5, 6)
+    assert all(np.array_equal(a, b) for a, b in zip(_run(simplified, [x]), _run(imported, [x])))
+
+
+def test_a_pad_of_another_mode_stays_as_imported():
+    imported = _onnx_pad_model([0, 0, 1, 1, 0, 0, 1, 1], 0.0, mode="reflect")
+    simplified, report = collage.simplify(imported, report=True)
+    assert "relax.call_tir" in op_histogram(simplified) and report.applied("te_calls_as_ops") == 0
+
+
+@pytest.mark.parametrize("reps", [(2, 1, 3), (3, 2), (2,)])
+def test_a_tile_the_importer_computes_itself_becomes_a_tile_again(reps):
+    from tvm import topi
+
+    def tiled(bb, x):
+        return bb.emit_te(topi.tile, x, reps)
+
+    imported = _module((2, 3), tiled)
+    simplified, report = collage.simplify(imported, report=True)
+    assert dict(op_histogram(simplified)) == {"relax.tile": 1} and report.applied("te_calls_as_ops") == 1
+    x = _random(2, 3)
+    assert np.array_equal(_run(simplified, [x])[0], np.tile(x, reps))
+
+
 def test_clips_in_a_row_become_one_unless_the_first_is_read():
     # ReLU6 as PyTorch's importer writes it: clip(0, inf), then clip(-inf, 6).
     def relu6(bb, x):

@@ -340,6 +340,14 @@ def _broadcast_to(g, call):
     return g.call(_aten().expand.default, g.tensor(call.args[0]), static_shape(call.ty))
 
 
+@_converts("relax.tile")
+def _tile(g, call):
+    repeats = ints(call.attrs.repeats)
+    rank = len(static_shape(call.args[0].ty))
+    # Tensor.repeat takes a repeat for every axis, as tile does once its repeats are aligned right.
+    return g.call(_aten().repeat.default, g.tensor(call.args[0]), [1] * (rank - len(repeats)) + repeats)
+
+
 @_converts("relax.permute_dims")
 def _permute_dims(g, call):
     axes = call.attrs.axes

@@ -1,5 +1,6 @@
 """Operations that return their input unchanged: ``x + 0``, ``x - 0``, ``x * 1``, ``x / 1``,
-and ``broadcast_to`` a tensor's own shape. Each is replaced by ``x``.
+``broadcast_to`` a tensor's own shape and a pad of no widths (exporters write one where a
+padding computes to zero). Each is replaced by ``x``.
 
 An identity qualifies only when the result has exactly ``x``'s type: adding zeros of a
 larger shape broadcasts ``x``, and that is not a no-op.
@@ -48,3 +49,15 @@ def _broadcast_to_own_shape(matches: Matches, single_use: set) -> relax.Expr | N
 BROADCAST_TO_SAME_SHAPE = PatternRewrite(
     "broadcast_to_same_shape", _broadcast, _broadcast_to_own_shape
 )
+
+
+_padded = wildcard()
+_pad = is_op("relax.nn.pad")(_padded)
+
+
+def _pad_of_nothing(matches: Matches, single_use: set) -> relax.Expr | None:
+    widths = [int(w) for w in matches[_pad].attrs.pad_width]
+    return matches[_padded] if not any(widths) else None
+
+
+PAD_OF_NOTHING = PatternRewrite("pad_of_nothing", _pad, _pad_of_nothing)

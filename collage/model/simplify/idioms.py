@@ -6,7 +6,9 @@
   ``call_tir``, so every engine lost those ops and the graph around them. The lift is exact:
   the operator the PrimFunc is named after (``maximum``, ``minimum1``) is legalized on the
   same argument types, and the call is replaced only when that legalization is structurally
-  the PrimFunc the call runs.
+  the PrimFunc the call runs. A constant Pad (``topi.nn.pad``) and Tile alike: EfficientNet's
+  ONNX file has 51 Pads, and with them no engine could take the model whole or a region across
+  one. (Einsum's equation and a reflecting Pad's legalization cannot be had back: they stay.)
 - ``clip_from_max_min``: ``minimum(maximum(x, lo), hi)`` with scalar constant bounds is
   ``clip(x, lo, hi)``, which engines fuse into the convolution before it (ReLU6).
 - ``linear_on_all_axes`` and ``matmul_on_all_axes``: PyTorch's importer flattens a linear
@@ -24,6 +26,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -76,9 +79,12 @@ def _operator_for(mod: tvm.IRModule, call: relax.Call):
     if len(call.args) != 2 or not isinstance(callee, relax.GlobalVar) or not isinstance(args, relax.Tuple):
         return None
     base = re.sub(r"_?\d+$", "", callee.name_hint)
-    if base not in LIFTABLE:
-        return None
-    op = getattr(relax.op, base, None)
+    if base == "pad":
+        op = _padding(mod[callee], call)
+    elif base == "tile":
+        op = _tiling(call)
+    else:
+        op = getattr(relax.op, base, None) if base in LIFTABLE else None
     if op is None:
         return None
     try:
@@ -86,6 +92,55 @@ def _operator_for(mod: tvm.IRModule, call: relax.Call):
     except Exception:  # noqa: BLE001 -- the operator does not take these arguments: not ours
         return None
     return op if tvm_ffi.structural_equal(_bare(legalized), _bare(mod[callee]), map_free_vars=True) else None
+
+
+def _padding(prim, call: relax.Call):
+    """``relax.op.nn.pad`` with the widths and value a constant Pad's PrimFunc (``topi.nn.pad``)
+    was built with: each axis's width before is the offset it reads the input at, its width
+    after what the output's shape leaves, the value what it writes outside the input. Read off
+    TVM's own structure, so only a guess: the caller keeps it only where the operator's
+    legalization is that PrimFunc. None for anything else (another mode, another shape)."""
+    try:
+        stmt = prim.body.block.body  # the root block's loop nest, down to the one block in it
+        while not hasattr(stmt, "block"):
+            stmt = stmt.body
+        block = stmt.block
+        (read,) = block.reads
+        value, fill = block.body.value, 0.0  # a pad of nothing copies x[i], writes no fill
+        if isinstance(value, tvm.ir.Call):  # if_then_else(inside, x[i - before], fill)
+            if value.op.name != "prim.if_then_else":
+                return None
+            fill = value.args[2].value
+        before = [_offset(axis.min) for axis in read.region]
+    except (AttributeError, ValueError, TypeError, IndexError):
+        return None
+    data, out = static_shape(call.args[1].fields[0]), static_shape(call)
+    if None in before or data is None or out is None or len(before) != len(data):
+        return None
+    widths = [(b, o - i - b) for b, i, o in zip(before, data, out)]
+    return functools.partial(relax.op.nn.pad, pad_width=[w for pair in widths for w in pair],
+                             pad_mode="constant", pad_value=float(fill))  # fmt: skip
+
+
+def _tiling(call: relax.Call):
+    """``relax.op.tile`` with the repeats its output's shape says: each axis's extent over the
+    input's, the two aligned on their last axes as tile aligns them. None where they do not divide."""
+    data, out = static_shape(call.args[1].fields[0]), static_shape(call)
+    if data is None or out is None or len(out) < len(data) or 0 in data:
+        return None
+    data = [1] * (len(out) - len(data)) + data
+    if any(o % i for i, o in zip(data, out)):
+        return None
+    return functools.partial(relax.op.tile, repeats=[o // i for i, o in zip(data, out)])
+
+
+def _offset(index) -> int | None:
+    """``before`` of an index ``i - before`` (or ``i``), None for any other form."""
+    if isinstance(index, tvm.tirx.Var):
+        return 0
+    if isinstance(index, tvm.tirx.Sub) and isinstance(index.a, tvm.tirx.Var) and isinstance(index.b, tvm.tirx.IntImm):
+        return int(index.b.value)
+    return None
 
 
 def _legalized(op, args: list[relax.Expr]):

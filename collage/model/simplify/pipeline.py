@@ -21,7 +21,7 @@ from tvm.relax import transform
 from .batch_norm import (BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, FOLD_SCALE_INTO_MATMUL, MERGE_CONSTANT_ADDS,
                          SCALE_BEFORE_BIAS)
 from .constants import FOLD_ARANGE, FOLD_INDEX_TENSOR, FOLD_PERMUTE_DIMS
-from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE
+from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE, PAD_OF_NOTHING
 from .idioms import (CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_BROADCASTS_ITSELF, MATMUL_ON_ALL_AXES,
                      MATRIX_WEIGHT, MERGE_CLIPS, TE_CALLS_AS_OPS, WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
 from .loops import LINEAR_RECURRENCE_AS_SCAN, STACKED_STEPS_BATCHED
@@ -86,6 +86,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     ADD_ZERO,
     MULTIPLY_ONE,
     BROADCAST_TO_SAME_SHAPE,
+    PAD_OF_NOTHING,
     TvmPass("RemoveRedundantReshape", transform.RemoveRedundantReshape),
     LINEAR_ON_ALL_AXES,
     MATMUL_ON_ALL_AXES,
