@@ -725,6 +725,25 @@ def test_a_tile_the_importer_computes_itself_becomes_a_tile_again(reps):
     assert np.array_equal(_run(simplified, [x])[0], np.tile(x, reps))
 
 
+@pytest.mark.parametrize(
+    "subscripts, shapes",
+    [("bhwc,hkc->bhwk", [(1, 4, 5, 8), (4, 6, 8)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("ij->ji", [(3, 4)])],
+)
+def test_an_einsum_the_importer_computes_itself_becomes_an_einsum_again(subscripts, shapes):
+    from tvm import topi
+
+    operands = [relax.Var(f"x{k}", relax.TensorType(shape, "float32")) for k, shape in enumerate(shapes)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", operands):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit_te(topi.einsum, subscripts, *operands))
+        bb.emit_func_output(out)
+    simplified, report = collage.simplify(bb.get(), report=True)
+    assert dict(op_histogram(simplified)) == {"relax.einsum": 1} and report.applied("te_calls_as_ops") == 1
+    arrays = [_random(*shape) for shape in shapes]
+    _assert_close(_run(simplified, arrays), [np.einsum(subscripts, *arrays)], 1e-5)
+
+
 def test_clips_in_a_row_become_one_unless_the_first_is_read():
     # ReLU6 as PyTorch's importer writes it: clip(0, inf), then clip(-inf, 6).
     def relu6(bb, x):

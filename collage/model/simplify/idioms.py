@@ -6,9 +6,10 @@
   ``call_tir``, so every engine lost those ops and the graph around them. The lift is exact:
   the operator the PrimFunc is named after (``maximum``, ``minimum1``) is legalized on the
   same argument types, and the call is replaced only when that legalization is structurally
-  the PrimFunc the call runs. A constant Pad (``topi.nn.pad``) and Tile alike: EfficientNet's
-  ONNX file has 51 Pads, and with them no engine could take the model whole or a region across
-  one. (Einsum's equation and a reflecting Pad's legalization cannot be had back: they stay.)
+  the PrimFunc the call runs. A constant Pad (``topi.nn.pad``), Tile and Einsum alike, their
+  attributes read off the PrimFunc: EfficientNet's ONNX file has 51 Pads, and with them no
+  engine could take the model whole or a region across one. (A reflecting Pad stays: Relax
+  legalizes its own differently, so the lift could not be checked.)
 - ``clip_from_max_min``: ``minimum(maximum(x, lo), hi)`` with scalar constant bounds is
   ``clip(x, lo, hi)``, which engines fuse into the convolution before it (ReLU6).
 - ``linear_on_all_axes`` and ``matmul_on_all_axes``: PyTorch's importer flattens a linear
@@ -83,6 +84,8 @@ def _operator_for(mod: tvm.IRModule, call: relax.Call):
         op = _padding(mod[callee], call)
     elif base == "tile":
         op = _tiling(call)
+    elif base == "einsum":
+        op = _summation(mod[callee], call)
     else:
         op = getattr(relax.op, base, None) if base in LIFTABLE else None
     if op is None:
@@ -101,10 +104,7 @@ def _padding(prim, call: relax.Call):
     TVM's own structure, so only a guess: the caller keeps it only where the operator's
     legalization is that PrimFunc. None for anything else (another mode, another shape)."""
     try:
-        stmt = prim.body.block.body  # the root block's loop nest, down to the one block in it
-        while not hasattr(stmt, "block"):
-            stmt = stmt.body
-        block = stmt.block
+        block = _only_block(prim)
         (read,) = block.reads
         value, fill = block.body.value, 0.0  # a pad of nothing copies x[i], writes no fill
         if isinstance(value, tvm.ir.Call):  # if_then_else(inside, x[i - before], fill)
@@ -120,6 +120,36 @@ def _padding(prim, call: relax.Call):
     widths = [(b, o - i - b) for b, i, o in zip(before, data, out)]
     return functools.partial(relax.op.nn.pad, pad_width=[w for pair in widths for w in pair],
                              pad_mode="constant", pad_value=float(fill))  # fmt: skip
+
+
+def _summation(prim, call: relax.Call):
+    """``relax.op.einsum`` with the subscripts ``topi.einsum``'s PrimFunc computes: a letter
+    for each loop of its block, each operand's read and the output's write spelled in them
+    (``bhwc,hkc->bhwk``). A guess the caller checks, as ``_padding``'s."""
+    try:
+        block = _only_block(prim)
+        letters = {iv.var: chr(ord("a") + k) for k, iv in enumerate(block.iter_vars)}
+        operands = [_spelled(read, letters) for read in block.reads]
+        (write,) = block.writes
+        subscripts = ",".join(operands) + "->" + _spelled(write, letters)
+    except (AttributeError, KeyError, ValueError, TypeError, IndexError):
+        return None
+    if len(letters) > 26 or len(operands) != len(call.args[1].fields):
+        return None
+    return lambda *operands: relax.op.einsum(operands, subscripts)
+
+
+def _spelled(region, letters: dict) -> str:
+    """A tensor's access, each index one loop's letter (KeyError for any other index)."""
+    return "".join(letters[axis.min] for axis in region.region)
+
+
+def _only_block(prim):
+    """The one block of a PrimFunc as ``emit_te`` writes one: under its root block's loops."""
+    stmt = prim.body.block.body
+    while not hasattr(stmt, "block"):
+        stmt = stmt.body
+    return stmt.block
 
 
 def _tiling(call: relax.Call):
