@@ -122,6 +122,15 @@ def _padding(prim, call: relax.Call):
                              pad_mode="constant", pad_value=float(fill))  # fmt: skip
 
 
+def _offset(index) -> int | None:
+    """``before`` of an index ``i - before`` (or ``i``), None for any other form."""
+    if isinstance(index, tvm.tirx.Var):
+        return 0
+    if isinstance(index, tvm.tirx.Sub) and isinstance(index.a, tvm.tirx.Var) and isinstance(index.b, tvm.tirx.IntImm):
+        return int(index.b.value)
+    return None
+
+
 def _summation(prim, call: relax.Call):
     """``relax.op.einsum`` with the subscripts ``topi.einsum``'s PrimFunc computes: a letter
     for each loop of its block, each operand's read and the output's write spelled in them
@@ -162,15 +171,6 @@ def _tiling(call: relax.Call):
     if any(o % i for i, o in zip(data, out)):
         return None
     return functools.partial(relax.op.tile, repeats=[o // i for i, o in zip(data, out)])
-
-
-def _offset(index) -> int | None:
-    """``before`` of an index ``i - before`` (or ``i``), None for any other form."""
-    if isinstance(index, tvm.tirx.Var):
-        return 0
-    if isinstance(index, tvm.tirx.Sub) and isinstance(index.a, tvm.tirx.Var) and isinstance(index.b, tvm.tirx.IntImm):
-        return int(index.b.value)
-    return None
 
 
 def _legalized(op, args: list[relax.Expr]):
