@@ -647,20 +647,27 @@ def test_zoo_model_simplifies_without_changing_its_output(name):
     _assert_close(_run(simplified, inputs), workload.reference(), ZOO_TOLERANCE)
 
 
-def _onnx_clip_model(low: float, high: float):
-    """A one-node ONNX model ``Clip(x, low, high)`` imported by TVM: call_tir of private
-    maximum/minimum PrimFuncs between isnan/where of the bounds."""
+def _imported_onnx_node(op_type: str, shape, out_shape, constants: dict[str, np.ndarray], **attributes):
+    """A one-node ONNX model ``y = op_type(x, *constants)``, float32 ``x`` and ``y`` of
+    ``shape`` and ``out_shape``, as TVM's importer brings it in."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from tvm.relax.frontend.onnx import from_onnx
 
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
-    bounds = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", low), ("hi", high))]
-    graph = helper.make_graph([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], "clip", [x], [y], bounds)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)
+    inits = [numpy_helper.from_array(value, name) for name, value in constants.items()]
+    node = helper.make_node(op_type, ["x", *constants], ["y"], **attributes)
+    graph = helper.make_graph([node], op_type.lower(), [x], [y], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     onnx.checker.check_model(model)
     return from_onnx(model, keep_params_in_input=False)
+
+
+def _onnx_clip_model(low: float, high: float):
+    """``Clip(x, low, high)`` imported by TVM: call_tir of private maximum/minimum PrimFuncs
+    between isnan/where of the bounds."""
+    return _imported_onnx_node("Clip", [2, 8], [2, 8], {"lo": np.array(low, np.float32), "hi": np.array(high, np.float32)})
 
 
 def test_the_onnx_importers_clip_becomes_one_clip_again():
@@ -674,18 +681,12 @@ def test_the_onnx_importers_clip_becomes_one_clip_again():
 
 
 def _onnx_pad_model(pads: list[int], value: float, mode: str = "constant"):
-    """A one-node ONNX model ``Pad(x, pads, value)`` on a (1, 3, 5, 6) input, imported by TVM:
-    call_tir of a private ``pad`` PrimFunc (``topi.nn.pad``, or ``mirror_pad`` for reflect)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    from tvm.relax.frontend.onnx import from_onnx
-
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 6])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    widths = [numpy_helper.from_array(np.array(pads, np.int64), "pads"), numpy_helper.from_array(np.array(value, np.float32), "value")]
-    graph = helper.make_graph([helper.make_node("Pad", ["x", "pads", "value"], ["y"], mode=mode)], "pad", [x], [y], widths)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    return from_onnx(model, keep_params_in_input=False)
+    """``Pad(x, pads, value)`` on a (1, 3, 5, 6) input imported by TVM: call_tir of a private
+    ``pad`` PrimFunc (``topi.nn.pad``, or ``mirror_pad`` for reflect)."""
+    shape = [1, 3, 5, 6]
+    padded = [n + before + after for n, before, after in zip(shape, pads[:4], pads[4:])]
+    widths = {"pads": np.array(pads, np.int64), "value": np.array(value, np.float32)}
+    return _imported_onnx_node("Pad", shape, padded, widths, mode=mode)
 
 
 @pytest.mark.parametrize(
