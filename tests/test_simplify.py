@@ -745,6 +745,38 @@ def test_an_einsum_the_importer_computes_itself_becomes_an_einsum_again(subscrip
     _assert_close(_run(simplified, arrays), [np.einsum(subscripts, *arrays)], 1e-5)
 
 
+def _attention_module(tokens, tokens_kv, heads_kv=3, bias=False, **attrs) -> tvm.IRModule:
+    """``main`` of one ``relax.nn.attention`` of 3 heads of size 8 (values of size 5), batch 2."""
+    q = relax.Var("q", relax.TensorType((2, tokens, 3, 8), "float32"))
+    k = relax.Var("k", relax.TensorType((2, tokens_kv, heads_kv, 8), "float32"))
+    v = relax.Var("v", relax.TensorType((2, tokens_kv, heads_kv, 5), "float32"))
+    b = relax.Var("b", relax.TensorType((2, 1, tokens, tokens_kv), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [q, k, v, b] if bias else [q, k, v]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.attention(q, k, v, b if bias else None, **attrs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(
+    "tokens, tokens_kv, bias, attrs",
+    [(4, 4, False, {}), (4, 4, False, {"causal_mask": "TopLeft"}), (3, 6, False, {"causal_mask": "BottomRight", "scale": 0.3}),
+     (5, 5, True, {"causal_mask": "TopLeft"}), (5, 7, True, {"scale": 0.5})],
+)  # fmt: skip
+def test_attention_becomes_the_matmuls_and_softmax_its_legalization_computes(tokens, tokens_kv, bias, attrs):
+    fused = _attention_module(tokens, tokens_kv, bias=bias, **attrs)
+    simplified, report = _simplify(fused)  # checked against TVM's legalization of the fused operator
+    ops = op_histogram(simplified)
+    assert report.applied("attention_as_matmuls") == 1 and "relax.nn.attention" not in ops
+    assert ops["relax.matmul"] == 2 and ops["relax.nn.softmax"] == 1
+
+
+def test_attention_with_fewer_key_heads_than_query_heads_stays_fused():
+    simplified, report = collage.simplify(_attention_module(4, 4, heads_kv=1), report=True)
+    assert report.applied("attention_as_matmuls") == 0 and "relax.nn.attention" in op_histogram(simplified)
+
+
 def test_clips_in_a_row_become_one_unless_the_first_is_read():
     # ReLU6 as PyTorch's importer writes it: clip(0, inf), then clip(-inf, 6).
     def relu6(bb, x):

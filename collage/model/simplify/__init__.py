@@ -1,8 +1,9 @@
 """Graph simplification before placement: ``simplify(mod)`` and its report.
 
-``pipeline`` wires the steps together; ``batch_norm``, ``identities``, ``transposes``,
-``constants``, ``idioms`` and ``safe_softmax`` hold the hand-written rewrites (the ones TVM has
-no pass for), each a ``tvm.relax.dpl`` pattern with its replacement (``pattern_rewrite``).
+``pipeline`` wires the steps together; ``attention``, ``batch_norm``, ``identities``,
+``transposes``, ``constants``, ``idioms``, ``loops`` and ``safe_softmax`` hold the hand-written
+rewrites (the ones TVM has no pass for), each a ``tvm.relax.dpl`` pattern with its replacement
+(``pattern_rewrite``).
 """
 
 from .idioms import BOOLEANS_AS_INTEGERS, WRAP_NEGATIVE_TAKE_INDICES

@@ -18,6 +18,7 @@ import tvm
 import tvm_ffi
 from tvm.relax import transform
 
+from .attention import ATTENTION_AS_MATMULS
 from .batch_norm import (BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, FOLD_SCALE_INTO_MATMUL, MERGE_CONSTANT_ADDS,
                          SCALE_BEFORE_BIAS)
 from .constants import FOLD_ARANGE, FOLD_INDEX_TENSOR, FOLD_PERMUTE_DIMS
@@ -66,6 +67,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     # changes (``PatternRewrite``), which would credit this work to whichever came first.
     TvmPass("EliminateCommonSubexpr", transform.EliminateCommonSubexpr),
     TvmPass("DeadCodeElimination", transform.DeadCodeElimination),
+    ATTENTION_AS_MATMULS,  # first: the permutes, scale and masks it writes are for the later steps
     TE_CALLS_AS_OPS,  # before FoldConstant, which then folds what guarded them (Clip's isnan/where)
     WRAP_NEGATIVE_TAKE_INDICES,  # before FoldConstant, which would fold a take of constants wrong
     FOLD_ARANGE,
