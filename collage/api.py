@@ -94,8 +94,9 @@ def optimize(
 ) -> OptimizedModule:
     """Place every operator of ``mod``'s ``main`` on the backend where it runs fastest here.
 
-    ``mod`` is a Relax IRModule with static shapes; weights are bound as constants, or given
-    as ``params`` (name -> array) to bind. ``onnx_model`` is the ONNX model (or file) ``mod``
+    ``mod`` is a Relax IRModule with static shapes, whose ``main`` is placed (or its one
+    function, as ``relax.frontend.nn``'s ``export_tvm`` names it, placed as ``main``); weights
+    are bound as constants, or given as ``params`` (name -> array) to bind. ``onnx_model`` is the ONNX model (or file) ``mod``
     was imported from, if any: each inference engine then also runs it whole, as its users
     would, among the finalists. ``mod`` may also be a model still to import
     (``collage.model.frontend.import_model``): an ONNX file or ``onnx.ModelProto`` (``shapes``, input

@@ -194,9 +194,8 @@ def with_params_bound(mod, params: Mapping[str, np.ndarray] | None) -> tvm.IRMod
             f"collage.optimize takes a Relax tvm.IRModule, not {type(mod).__name__}; import ONNX models "
             "with tvm.relax.frontend.onnx.from_onnx and PyTorch ones with tvm.relax.frontend.torch"
         )
-    main = mod["main"] if any(gv.name_hint == "main" for gv in mod.get_global_vars()) else None
-    if not isinstance(main, relax.Function):
-        raise OptimizeError("the module has no Relax function named 'main' to optimize")
+    mod = with_entry_as_main(mod)
+    main = mod["main"]
     if params:
         known = {p.name for p in main.params}
         unknown = sorted(set(params) - known)
@@ -211,6 +210,28 @@ def with_params_bound(mod, params: Mapping[str, np.ndarray] | None) -> tvm.IRMod
         except ValueError as err:
             raise OptimizeError(f"input {p.name!r}: {err}") from None
     return mod
+
+
+def with_entry_as_main(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with the function to optimize named ``main``: its ``main``, or else its one public
+    Relax function, as ``relax.frontend.nn``'s ``export_tvm`` names it after the method
+    exported (``forward``); the functions it calls keep their names. ``OptimizeError`` where
+    there is neither, or several to choose from."""
+    functions = {gv.name_hint: func for gv, func in mod.functions_items()}
+    if isinstance(functions.get("main"), relax.Function):
+        return mod
+    public = [gv for gv, func in mod.functions_items()
+              if isinstance(func, relax.Function) and func.attrs is not None and "global_symbol" in func.attrs]  # fmt: skip
+    if len(public) != 1:
+        found = f"; it has {', '.join(sorted(gv.name_hint for gv in public))}" if public else ""
+        raise OptimizeError(f"the module has no Relax function named 'main' to optimize{found}: name the one to "
+                            "optimize 'main'")  # fmt: skip
+    renamed = {}
+    for gv, func in mod.functions_items():
+        if gv.same_as(public[0]):
+            gv, func = relax.GlobalVar("main"), func.with_attr("global_symbol", "main")
+        renamed[gv] = func
+    return tvm.IRModule(renamed, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
 def backend_set(backends: BackendSet | Iterable[Backend | str] | None) -> BackendSet:

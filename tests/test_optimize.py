@@ -44,6 +44,17 @@ class Unary:
             e = R.exp(d)
             R.output(e)
         return e
+
+
+@I.ir_module
+class TwoEntries:  # as relax.frontend.nn exports a model's two methods: neither is main
+    @R.function
+    def prefill(x: R.Tensor((4,), "float32")):
+        return R.exp(x)
+
+    @R.function
+    def decode(x: R.Tensor((4,), "float32")):
+        return R.nn.relu(x)
 # fmt: on
 
 
@@ -234,6 +245,8 @@ def test_params_are_bound_by_name(tmp_path):
         (lambda log: collage.optimize(Unary, backends=[NUMPY], cost_log=log), "'tvm' backend must be among"),
         (lambda log: collage.optimize(Unary, params={"q": np.ones(2)}, cost_log=log), "params name no input of main: q"),
         (lambda log: collage.optimize(tvm.IRModule(), cost_log=log), "no Relax function named 'main'"),
+        (lambda log: collage.optimize(TwoEntries, cost_log=log), "no Relax function named 'main' to optimize; it has "
+                                                                  "decode, prefill: name the one to optimize 'main'"),
     ],
 )
 def test_bad_input_gets_a_clear_error(tmp_path, call, message):
@@ -283,6 +296,35 @@ def test_zoo_model_on_every_cpu_backend(tmp_path, name):
         assert timed_end_to_end(opt, name), name
     assert_kept_is_fastest_within_noise(opt)
     assert "cudnn" in opt.excluded and "tvm" not in opt.excluded
+
+
+def test_a_model_of_tvms_nn_frontend_optimizes_its_one_function_and_an_engine_takes_its_attention(tmp_path):
+    """``relax.frontend.nn``'s ``export_tvm`` names the function after the method exported
+    (``forward``), takes the weights as inputs after the data (``num_input``) and writes
+    attention as ``relax.nn.attention``, which no engine converts: optimized as given, with
+    the weights as ``params``, ONNX Runtime takes the whole model (attention written as its
+    matmuls and softmax) and the placement computes what TVM computes."""
+    from tvm.relax.frontend import nn
+    from tvm.relax.frontend.nn import op
+
+    class SelfAttention(nn.Module):
+        def __init__(self):
+            self.qkv, self.out = nn.Linear(32, 96, bias=False), nn.Linear(32, 32)
+
+        def forward(self, x):
+            q, k, v = op.split(op.reshape(self.qkv(x), (1, 16, 6, 16)), 3, axis=2)
+            return self.out(op.reshape(op.scaled_dot_product_attention(q, k, v, is_causal=True), (1, 16, 32)))
+
+    mod, spec = SelfAttention().export_tvm(spec={"forward": {"x": nn.spec.Tensor((1, 16, 32), "float32")}})
+    rng = np.random.default_rng(0)
+    weights = {name: (rng.standard_normal([int(d) for d in p.shape]) * 0.2).astype("float32") for name, p in spec}
+    opt = collage.optimize(mod, backends=["tvm", "onnxruntime"], params=weights, cost_log=tmp_path / "c.sqlite",
+                           timing=FAST, progress=False)  # fmt: skip
+    x = rng.standard_normal((1, 16, 32)).astype("float32")
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    expected = vm["forward"](*[tvm.runtime.tensor(a) for a in (x, *weights.values())]).numpy()
+    np.testing.assert_allclose(opt(x), expected, rtol=1e-4, atol=1e-5)
+    assert timed_end_to_end(opt, "onnxruntime alone")
 
 
 def assert_kept_is_fastest_within_noise(opt):
