@@ -71,7 +71,7 @@ def optimize(
     backends: BackendSet | Iterable[Backend | str] | None = None,
     cost_log: CostLog | str | None = None,
     *,
-    params: Mapping[str, np.ndarray] | None = None,
+    params: Mapping | None = None,
     onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
     example_inputs=None,
     shapes: Mapping[str, Iterable[int]] | None = None,
@@ -96,7 +96,9 @@ def optimize(
 
     ``mod`` is a Relax IRModule with static shapes, whose ``main`` is placed (or its one
     function, as ``relax.frontend.nn``'s ``export_tvm`` names it, placed as ``main``); weights
-    are bound as constants, or given as ``params`` (name -> array) to bind. ``onnx_model`` is the ONNX model (or file) ``mod``
+    are bound as constants, or given as ``params`` (input name -> array) to bind. Weights a
+    TVM importer kept as inputs (``keep_params_as_input``) are bound from main's ``params``
+    attribute, or from ``params`` as ``relax.frontend.detach_params`` detached them. ``onnx_model`` is the ONNX model (or file) ``mod``
     was imported from, if any: each inference engine then also runs it whole, as its users
     would, among the finalists. ``mod`` may also be a model still to import
     (``collage.model.frontend.import_model``): an ONNX file or ``onnx.ModelProto`` (``shapes``, input
@@ -154,7 +156,7 @@ def optimize_with(
     backends: BackendSet | Iterable[Backend | str] | None = None,
     cost_log: CostLog | str | None = None,
     *,
-    params: Mapping[str, np.ndarray] | None = None,
+    params: Mapping | None = None,
     onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
     example_inputs=None,
     shapes: Mapping[str, Iterable[int]] | None = None,
@@ -390,7 +392,7 @@ def load_placement(
     backends: BackendSet | Iterable[Backend | str] | None = None,
     cost_log: CostLog | str | None = None,
     *,
-    params: Mapping[str, np.ndarray] | None = None,
+    params: Mapping | None = None,
     onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
     threads: int | None = None,
     seed: int | None = None,

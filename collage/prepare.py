@@ -81,7 +81,7 @@ def prepare_model(
     mod: tvm.IRModule,
     backends: BackendSet | Iterable[Backend | str] | None,
     cost_log: CostLog | str | os.PathLike | None,
-    params: Mapping[str, np.ndarray] | None = None,
+    params: Mapping | None = None,
     onnx_model: onnx.ModelProto | str | os.PathLike | None = None,
     calibration: Iterable | None = None,
     program=None,
@@ -187,21 +187,21 @@ def onnx_proto(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
     return model if isinstance(model, onnx.ModelProto) else onnx.load(model)
 
 
-def with_params_bound(mod, params: Mapping[str, np.ndarray] | None) -> tvm.IRModule:
-    """``mod`` with ``params`` bound into ``main``, checked to take static tensor inputs only."""
+def with_params_bound(mod, params: Mapping | None) -> tvm.IRModule:
+    """``mod`` with ``params`` bound into ``main`` (``named_weights``), checked to take static
+    tensor inputs only."""
     if not isinstance(mod, tvm.IRModule):
         raise OptimizeError(
             f"collage.optimize takes a Relax tvm.IRModule, not {type(mod).__name__}; import ONNX models "
             "with tvm.relax.frontend.onnx.from_onnx and PyTorch ones with tvm.relax.frontend.torch"
         )
-    mod = with_entry_as_main(mod)
-    main = mod["main"]
-    if params:
-        known = {p.name for p in main.params}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise OptimizeError(f"params name no input of main: {', '.join(unknown)} (inputs: {', '.join(sorted(known))})")
-        mod = relax.transform.BindParams("main", {k: tvm.runtime.tensor(np.asarray(v)) for k, v in params.items()})(mod)
+    mod, entry = with_entry_as_main(mod)
+    weights = named_weights(mod["main"], params, entry)
+    if weights:
+        mod = relax.transform.BindParams("main", {k: tvm.runtime.tensor(v) for k, v in weights.items()})(mod)
+    if "params" in mod["main"].attrs:  # bound now, or the user's values replace them
+        mod = mod.clone()
+        mod["main"] = mod["main"].without_attr("params")
     for p in mod["main"].params:
         if not isinstance(p.ty, relax.TensorType):
             raise OptimizeError(f"input {p.name!r} is a {p.ty}, not a tensor; collage takes tensor inputs")
@@ -212,14 +212,47 @@ def with_params_bound(mod, params: Mapping[str, np.ndarray] | None) -> tvm.IRMod
     return mod
 
 
-def with_entry_as_main(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with the function to optimize named ``main``: its ``main``, or else its one public
-    Relax function, as ``relax.frontend.nn``'s ``export_tvm`` names it after the method
-    exported (``forward``); the functions it calls keep their names. ``OptimizeError`` where
-    there is neither, or several to choose from."""
+def named_weights(main: relax.Function, params: Mapping | None, entry: str) -> dict[str, np.ndarray]:
+    """The weights to bind into ``main`` (once called ``entry``), by input name: ``params`` as
+    given, input name to array; or in TVM's own forms for weights its importers keep as inputs
+    (``keep_params_as_input``), main's inputs after its first ``num_input``, in order: the
+    arrays ``relax.frontend.detach_params`` gives (``{entry: [arrays]}``) or, given no params,
+    those the importer left in main's ``params`` attribute. ``OptimizeError`` names what does
+    not fit."""
+    inputs = [p.name for p in main.params]
+    if not params:
+        left = "params" in main.attrs
+        return _weights_in_order(main, list(main.attrs["params"]), "main's 'params' attribute") if left else {}
+    if set(params) == {entry} and not isinstance(params[entry], np.ndarray) and entry not in inputs:
+        return _weights_in_order(main, list(params[entry]), f"params[{entry!r}]")
+    unknown = sorted(set(params) - set(inputs))
+    if unknown:
+        raise OptimizeError(f"params name no input of main: {', '.join(unknown)} (inputs: {', '.join(sorted(inputs))})")
+    return {name: _array(value) for name, value in params.items()}
+
+
+def _weights_in_order(main: relax.Function, arrays: list, given: str) -> dict[str, np.ndarray]:
+    """``arrays`` as the values of ``main``'s inputs after its first ``num_input``."""
+    weights = main.params[int(main.attrs["num_input"]):] if "num_input" in main.attrs else None
+    if weights is None or len(weights) != len(arrays):
+        takes = "no num_input attribute to say which inputs are weights" if weights is None else (
+            f"{len(weights)} weight(s) after its {int(main.attrs['num_input'])} input(s) (num_input)")
+        raise OptimizeError(f"{given} holds {len(arrays)} array(s), but main takes {takes}")
+    return {p.name: _array(a) for p, a in zip(weights, arrays)}
+
+
+def _array(value) -> np.ndarray:
+    return value.numpy() if isinstance(value, tvm.runtime.Tensor) else np.asarray(value)
+
+
+def with_entry_as_main(mod: tvm.IRModule) -> tuple[tvm.IRModule, str]:
+    """``mod`` with the function to optimize named ``main``, and the name it had: its ``main``,
+    or else its one public Relax function, as ``relax.frontend.nn``'s ``export_tvm`` names it
+    after the method exported (``forward``); the functions it calls keep their names.
+    ``OptimizeError`` where there is neither, or several to choose from."""
     functions = {gv.name_hint: func for gv, func in mod.functions_items()}
     if isinstance(functions.get("main"), relax.Function):
-        return mod
+        return mod, "main"
     public = [gv for gv, func in mod.functions_items()
               if isinstance(func, relax.Function) and func.attrs is not None and "global_symbol" in func.attrs]  # fmt: skip
     if len(public) != 1:
@@ -231,7 +264,7 @@ def with_entry_as_main(mod: tvm.IRModule) -> tvm.IRModule:
         if gv.same_as(public[0]):
             gv, func = relax.GlobalVar("main"), func.with_attr("global_symbol", "main")
         renamed[gv] = func
-    return tvm.IRModule(renamed, attrs=mod.attrs, global_infos=mod.global_infos)
+    return tvm.IRModule(renamed, attrs=mod.attrs, global_infos=mod.global_infos), public[0].name_hint
 
 
 def backend_set(backends: BackendSet | Iterable[Backend | str] | None) -> BackendSet:

@@ -327,6 +327,42 @@ def test_a_model_of_tvms_nn_frontend_optimizes_its_one_function_and_an_engine_ta
     assert timed_end_to_end(opt, "onnxruntime alone")
 
 
+def _imported_with_weights_as_inputs():
+    """A small torch model imported as TVM's tutorials import one: its weights kept as inputs
+    after the data (``num_input``), their values in main's ``params`` attribute."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(2, 8)
+    mod = from_exported_program(torch.export.export(net, (x,)), keep_params_as_input=True)
+    return mod, x.numpy(), net(x).detach().numpy()
+
+
+@pytest.mark.parametrize("form", ["attribute", "detached"])
+def test_weights_a_tvm_importer_keeps_as_inputs_are_bound_in_either_of_tvms_forms(tmp_path, form):
+    """The importer's module as it comes (the values in main's ``params`` attribute), or
+    after ``relax.frontend.detach_params`` with what it detached as ``params``: either way the
+    optimized module takes the data alone and computes what torch computes."""
+    mod, x, expected = _imported_with_weights_as_inputs()
+    params = None
+    if form == "detached":
+        mod, params = relax.frontend.detach_params(mod)
+    opt = collage.optimize(mod, backends=backends(), params=params, cost_log=tmp_path / "c.sqlite", timing=FAST,
+                           progress=False)  # fmt: skip
+    (got,) = opt(x)  # the importer's main returns a tuple
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_detached_weights_that_do_not_fit_are_named(tmp_path):
+    mod, _, _ = _imported_with_weights_as_inputs()
+    mod, params = relax.frontend.detach_params(mod)
+    with pytest.raises(collage.OptimizeError, match=r"params\['main'\] holds 3 array\(s\), but main takes 4 "
+                                                    r"weight\(s\) after its 1 input\(s\) \(num_input\)"):  # fmt: skip
+        collage.optimize(mod, params={"main": params["main"][:3]}, cost_log=tmp_path / "c.sqlite", progress=False)
+
+
 def assert_kept_is_fastest_within_noise(opt):
     """The kept finalist leads the race (a user pays least for it) or is equivalent to the leader."""
     kept = opt.record.finalists[opt.record.chosen]
