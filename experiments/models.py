@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import importlib
 import io
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -570,7 +571,8 @@ class Transformers(nn.Module):
     """A model of the ``transformers`` library built from a config with random weights
     (nothing is downloaded), returning its last hidden state: code written by others, as users
     run it. ``attn_implementation="eager"`` keeps attention as plain ops (SDPA is not exported
-    by every path)."""
+    by every path); ``$CORPUS_ATTENTION`` names another (``sdpa``, transformers' own default,
+    which ``torch.export`` decomposes before TVM imports it)."""
 
     def __init__(self, model: str, config: str, with_mask: bool = False, **settings):
         super().__init__()
@@ -578,7 +580,7 @@ class Transformers(nn.Module):
 
         self.with_mask = with_mask
         cfg = getattr(transformers, config)(**settings)
-        cfg._attn_implementation = "eager"
+        cfg._attn_implementation = os.environ.get("CORPUS_ATTENTION", "eager")
         # Looked up in the modeling module beside the config's, not at the top level: an encoder
         # alone (WhisperEncoder, BartEncoder), as speech front ends run it, is exported only there.
         modeling = importlib.import_module(type(cfg).__module__.replace(".configuration_", ".modeling_"))
