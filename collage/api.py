@@ -94,13 +94,14 @@ def optimize(
 ) -> OptimizedModule:
     """Place every operator of ``mod``'s ``main`` on the backend where it runs fastest here.
 
-    ``mod`` is a Relax IRModule with static shapes, whose ``main`` is placed (or its one
-    function, as ``relax.frontend.nn``'s ``export_tvm`` names it, placed as ``main``); weights
-    are bound as constants, or given as ``params`` (input name -> array) to bind. Weights a
-    TVM importer kept as inputs (``keep_params_as_input``) are bound from main's ``params``
-    attribute, or from ``params`` as ``relax.frontend.detach_params`` detached them. ``onnx_model`` is the ONNX model (or file) ``mod``
-    was imported from, if any: each inference engine then also runs it whole, as its users
-    would, among the finalists. ``mod`` may also be a model still to import
+    ``mod`` is a Relax IRModule with static shapes (``shapes``, input name -> shape, fixes
+    symbolic ones), whose ``main`` is placed (or its one function, as ``relax.frontend.nn``'s
+    ``export_tvm`` names it, placed as ``main``); weights are bound as constants, or given as
+    ``params`` (input name -> array) to bind. Weights a TVM importer kept as inputs
+    (``keep_params_as_input``) are bound from main's ``params`` attribute, or from ``params``
+    as ``relax.frontend.detach_params`` detached them. ``onnx_model`` is the ONNX model (or
+    file) ``mod`` was imported from, if any: each inference engine then also runs it whole, as
+    its users would, among the finalists. ``mod`` may also be a model still to import
     (``collage.model.frontend.import_model``): an ONNX file or ``onnx.ModelProto`` (``shapes``, input
     name -> shape, fixes dynamic inputs), which is then the ``onnx_model`` too; or a
     ``torch.nn.Module`` in eval mode with ``example_inputs`` (a tensor or a tuple of them),

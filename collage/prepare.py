@@ -208,6 +208,8 @@ def with_params_bound(mod, params: Mapping | None) -> tvm.IRModule:
         try:
             static_shape(p.ty)
         except ValueError as err:
+            if p.ty.shape is not None:  # symbolic extents, which shapes= fixes
+                err = f"symbolic shape {p.ty.shape}: give its sizes as shapes={{{p.name!r}: [...]}}"
             raise OptimizeError(f"input {p.name!r}: {err}") from None
     return mod
 

@@ -254,18 +254,38 @@ def test_bad_input_gets_a_clear_error(tmp_path, call, message):
         call(tmp_path / "c.sqlite")
 
 
-def test_symbolic_shapes_are_refused_with_the_input_named(tmp_path):
-    @I.ir_module
-    class Dynamic:
-        @R.function
-        def main(x: R.Tensor(("n", 4), "float32")):
-            with R.dataflow():
-                y = R.nn.relu(x)
-                R.output(y)
-            return y
+# fmt: off
+@I.ir_module
+class Dynamic:
+    @R.function
+    def main(x: R.Tensor(("n", 4), "float32"), y: R.Tensor(("n", 4), "float32")):
+        with R.dataflow():
+            a = R.nn.relu(x)
+            b = R.add(a, y)
+            z = R.reshape(b, (-1,))
+            R.output(z)
+        return z
+# fmt: on
 
-    with pytest.raises(collage.OptimizeError, match="input 'x': symbolic shape"):
+
+def test_symbolic_shapes_are_refused_with_the_input_named_and_the_fix(tmp_path):
+    with pytest.raises(collage.OptimizeError, match=r"input 'x': symbolic shape .*: give its sizes as shapes=\{'x'"):
         collage.optimize(Dynamic, cost_log=tmp_path / "c.sqlite")
+
+
+def test_shapes_fix_a_relax_modules_symbolic_inputs(tmp_path):
+    """``shapes=`` fixes a Relax module's symbolic extents, as it fixes an ONNX file's dynamic
+    inputs: each extent named once, wherever it appears."""
+    opt = collage.optimize(Dynamic, shapes={"x": [3, 4]}, backends=backends(), cost_log=tmp_path / "c.sqlite",
+                           timing=FAST, progress=False)  # fmt: skip
+    x, y = np.full((3, 4), -1.0, "float32"), np.ones((3, 4), "float32")
+    np.testing.assert_array_equal(opt(x, y), np.ones(12, "float32"))
+    for shapes, message in [({"x": [3]}, "input x has 2 dimensions, the shape given has 1"),
+                            ({"x": [3, 5]}, r"input x is R.shape\(\[n, 4\]\), the shape given \[3, 5\]"),
+                            ({"x": [3, 4], "y": [2, 4]}, "n is given two sizes, 3 and 2"),
+                            ({"z": [1]}, "shapes name no tensor input of the module: z")]:  # fmt: skip
+        with pytest.raises(collage.OptimizeError, match=message):
+            collage.optimize(Dynamic, shapes=shapes, cost_log=tmp_path / "c.sqlite", progress=False)
 
 
 def test_calls_check_their_inputs(tmp_path):

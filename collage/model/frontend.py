@@ -44,13 +44,14 @@ class Imported(NamedTuple):
 
 
 def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]] | None = None) -> Imported:
-    """``model`` as a Relax IRModule: a Relax module as it is; an ONNX model (a file, or an
-    ``onnx.ModelProto``), its dynamic inputs fixed by ``shapes``; a ``torch.nn.Module`` or
+    """``model`` as a Relax IRModule: a Relax module as it is, or its symbolic inputs fixed by
+    ``shapes`` (``with_shapes``); an ONNX model (a file, or an ``onnx.ModelProto``), its
+    dynamic inputs fixed by ``shapes``; a ``torch.nn.Module`` or
     ``torch.export.ExportedProgram``, exported for ``example_inputs``."""
     if isinstance(model, tvm.IRModule):
-        if example_inputs is not None or shapes:
-            raise ModelImportError("example_inputs and shapes are for models still to import, not a Relax module")
-        return Imported(model, None)
+        if example_inputs is not None:
+            raise ModelImportError("example_inputs are for a PyTorch module; a Relax module's symbolic inputs take shapes=")
+        return Imported(with_shapes(model, shapes) if shapes else model, None)
     import onnx
 
     if isinstance(model, (str, os.PathLike, onnx.ModelProto)):
@@ -76,6 +77,35 @@ def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]]
         f"cannot optimize a {type(model).__name__}: collage takes a Relax tvm.IRModule, an ONNX model (a file "
         "or an onnx.ModelProto) or a PyTorch module (torch.nn.Module with example_inputs)"
     )
+
+
+def with_shapes(mod: tvm.IRModule, shapes: Mapping[str, Sequence[int]]) -> tvm.IRModule:
+    """``mod`` with the symbolic extents of the inputs ``shapes`` names fixed to the sizes given
+    (input name -> shape), in every function that takes such an input (``BindSymbolicVars``):
+    ``relax.frontend.nn`` writes a sequence length as ``nn.spec.Tensor((1, "seq"), ...)``.
+    ``ModelImportError`` names an input no function takes, a shape of another rank, a static
+    extent given another size, and an extent given two sizes."""
+    from tvm import relax
+
+    sizes: dict[str, int] = {}
+    taken = set()
+    for func in mod.functions.values():
+        for param in func.params if isinstance(func, relax.Function) else ():
+            if param.name not in shapes or not isinstance(param.ty, relax.TensorType) or param.ty.shape is None:
+                continue
+            taken.add(param.name)
+            dims, given = list(param.ty.shape.values), [int(d) for d in shapes[param.name]]
+            if len(dims) != len(given):
+                raise ModelImportError(f"input {param.name} has {len(dims)} dimensions, the shape given has {len(given)}")
+            for dim, size in zip(dims, given):
+                if isinstance(dim, tvm.tirx.IntImm) and int(dim) != size:
+                    raise ModelImportError(f"input {param.name} is {param.ty.shape}, the shape given {given}")
+                if isinstance(dim, tvm.tirx.Var) and sizes.setdefault(dim.name, size) != size:
+                    raise ModelImportError(f"{dim.name} is given two sizes, {sizes[dim.name]} and {size}")
+    unknown = sorted(set(shapes) - taken)
+    if unknown:
+        raise ModelImportError(f"shapes name no tensor input of the module: {', '.join(unknown)}")
+    return relax.transform.BindSymbolicVars(sizes)(mod) if sizes else mod
 
 
 def load_torch(module, example_inputs) -> tvm.IRModule:
