@@ -252,11 +252,10 @@ def with_entry_as_main(mod: tvm.IRModule) -> tuple[tvm.IRModule, str]:
     or else its one public Relax function, as ``relax.frontend.nn``'s ``export_tvm`` names it
     after the method exported (``forward``); the functions it calls keep their names.
     ``OptimizeError`` where there is neither, or several to choose from."""
-    functions = {gv.name_hint: func for gv, func in mod.functions_items()}
-    if isinstance(functions.get("main"), relax.Function):
+    if any(gv.name_hint == "main" and isinstance(func, relax.Function) for gv, func in mod.functions_items()):
         return mod, "main"
     public = [gv for gv, func in mod.functions_items()
-              if isinstance(func, relax.Function) and func.attrs is not None and "global_symbol" in func.attrs]  # fmt: skip
+              if isinstance(func, relax.Function) and "global_symbol" in func.attrs]  # fmt: skip
     if len(public) != 1:
         found = f"; it has {', '.join(sorted(gv.name_hint for gv in public))}" if public else ""
         raise OptimizeError(f"the module has no Relax function named 'main' to optimize{found}: name the one to "

@@ -29,6 +29,7 @@ from experiments.bench import Prepared, Settings, metadata, summarize, time_peer
 from experiments.peers import Runner, pin_threads
 
 MODELS = ("mlp", "decoder", "unet_block")
+VOCAB = 4096  # the decoder's embedding rows, which its token ids index
 
 
 def _modules():
@@ -60,7 +61,7 @@ def _modules():
 
     class Decoder(nn.Module):
         def __init__(self):
-            self.embed = nn.Embedding(4096, 256)
+            self.embed = nn.Embedding(VOCAB, 256)
             self.layers = nn.ModuleList([DecoderLayer() for _ in range(2)])
             self.norm = nn.RMSNorm(256, -1, bias=False)
 
@@ -99,8 +100,8 @@ def exported(name: str, seed: int = 0):
     weights = {p: (rng.standard_normal([int(d) for d in t.shape]) * 0.05).astype(t.dtype) for p, t in parameters}
     (data,) = spec.values()
     shape = [int(d) for d in data.shape]
-    x = rng.integers(0, 4096, shape).astype(data.dtype) if "int" in data.dtype else rng.standard_normal(shape).astype(data.dtype)
-    return mod, weights, x
+    x = rng.integers(0, VOCAB, shape) if "int" in data.dtype else rng.standard_normal(shape)
+    return mod, weights, x.astype(data.dtype)
 
 
 def measure(name: str, settings: Settings) -> dict:
