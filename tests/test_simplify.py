@@ -220,6 +220,66 @@ def test_constant_adds_in_a_row_merge_unless_the_first_sum_is_read():
     assert op_histogram(after) == {"relax.add": 2} and report.applied("merge_constant_adds") == 0
 
 
+# --------------------------------------------------------------------------- branches summed
+
+
+def _branch(bb, x, weight_shape, padding, **attrs):
+    """A convolution of ``x`` and its BatchNorm, as RepVGG trains a branch."""
+    y = _conv(bb, nn.conv2d, x, weight_shape, padding=padding, **attrs)
+    return _batch_norm(bb, y, weight_shape[0])
+
+
+def _rep_block(bb, x, stride=1, groups=1, identity=True):
+    """RepVGG's block (TextNet's, ACNet's): 3x3, 3x1 and 1x3 branches and the input's BatchNorm, summed."""
+    channels = int(x.ty.shape.values[1])
+    kernels = {(3, 3): [1, 1, 1, 1], (3, 1): [1, 0, 1, 0], (1, 3): [0, 1, 0, 1]}
+    total = None
+    for (kh, kw), padding in kernels.items():
+        branch = _branch(bb, x, (channels, channels // groups, kh, kw), padding, strides=stride, groups=groups)
+        total = branch if total is None else bb.emit(relax.op.add(total, branch))
+    if identity:
+        total = bb.emit(relax.op.add(total, _batch_norm(bb, x, channels)))
+    return nn.relu(total)
+
+
+@pytest.mark.parametrize("stride, groups, identity", [(1, 1, True), (1, 4, True), (2, 1, False)])
+def test_branches_of_one_input_summed_become_one_convolution(stride, groups, identity):
+    after, report = _simplify(_module((1, 4, 8, 8), lambda bb, x: _rep_block(bb, x, stride, groups, identity)))
+    assert op_histogram(after) == {"relax.nn.conv2d": 1, "relax.add": 1, "relax.nn.relu": 1}
+    assert report.applied("merge_summed_convolutions") == 3 if identity else 2
+
+
+def test_a_residual_added_to_its_own_convolution_folds_in_and_a_dilated_one_too():
+    def build(bb, x):
+        y = _conv(bb, nn.conv2d, x, (4, 4, 3, 3), padding=[2, 2, 2, 2], dilation=2)
+        return nn.relu(bb.emit(relax.op.add(y, x)))
+
+    after, _ = _simplify(_module((1, 4, 8, 8), build))
+    assert op_histogram(after) == {"relax.nn.conv2d": 1, "relax.nn.relu": 1}
+
+
+def test_branches_whose_merged_kernel_needs_more_taps_stay_apart():
+    def build(bb, x):  # a 3x1 and a 1x3 would become a 3x3: 9 multiply-adds a point for 6
+        return bb.emit(relax.op.add(_branch(bb, x, (4, 4, 3, 1), [1, 0, 1, 0]), _branch(bb, x, (4, 4, 1, 3), [0, 1, 0, 1])))
+
+    after, report = _simplify(_module((1, 4, 8, 8), build))
+    assert op_histogram(after)["relax.nn.conv2d"] == 2 and report.applied("merge_summed_convolutions") == 0
+
+
+def test_branches_that_are_read_elsewhere_or_of_other_inputs_stay_apart():
+    def read_elsewhere(bb, x):
+        a = _conv(bb, nn.conv2d, x, (4, 4, 3, 3), padding=1)
+        return relax.Tuple([bb.emit(relax.op.add(a, _conv(bb, nn.conv2d, x, (4, 4, 1, 1)))), a])
+
+    def other_inputs(bb, x):
+        y = bb.emit(nn.relu(x))
+        return relax.op.add(_conv(bb, nn.conv2d, x, (4, 4, 3, 3), padding=1), _conv(bb, nn.conv2d, y, (4, 4, 1, 1)))
+
+    for build in (read_elsewhere, other_inputs):
+        after, report = _simplify(_module((1, 4, 8, 8), build))
+        assert op_histogram(after)["relax.nn.conv2d"] == 2 and report.applied("merge_summed_convolutions") == 0
+
+
 # --------------------------------------------------------------------------- identities
 
 ZEROS, ONES = np.zeros((4,), "float32"), np.ones((4,), "float32")

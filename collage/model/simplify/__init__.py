@@ -1,6 +1,6 @@
 """Graph simplification before placement: ``simplify(mod)`` and its report.
 
-``pipeline`` wires the steps together; ``attention``, ``batch_norm``, ``identities``,
+``pipeline`` wires the steps together; ``attention``, ``batch_norm``, ``branches``, ``identities``,
 ``transposes``, ``constants``, ``idioms``, ``loops`` and ``safe_softmax`` hold the hand-written
 rewrites (the ones TVM has no pass for), each a ``tvm.relax.dpl`` pattern with its replacement
 (``pattern_rewrite``).

@@ -78,7 +78,7 @@ _conv = _any_conv_op(_conv_data, _conv_weight)
 _scaled_conv = is_op("relax.multiply")(_conv, _scale)  # the matcher also tries (_scale, _conv)
 
 
-def _per_channel(scale: np.ndarray, ndim: int, axis: int, channels: int) -> np.ndarray | None:
+def per_channel(scale: np.ndarray, ndim: int, axis: int, channels: int) -> np.ndarray | None:
     """``scale`` as a vector of ``channels`` values if it broadcasts along ``axis`` only."""
     if scale.ndim > ndim:
         return None
@@ -107,7 +107,7 @@ def _fold_scale_into_conv(matches: Matches, single_use: set) -> relax.Expr | Non
     scale = matches[_scale].value.numpy()
     if scale.dtype != str(out.dtype):
         return None
-    vector = _per_channel(scale, out.ndim, channel_axis, int(channels))
+    vector = per_channel(scale, out.ndim, channel_axis, int(channels))
     if vector is None:
         return None
     weight = matches[_conv_weight].value.numpy()
@@ -179,7 +179,7 @@ def _fold_scale_into_matmul(matches: Matches, single_use: set) -> relax.Expr | N
     scale = matches[_mm_scale].value.numpy()
     if scale.dtype != weight.dtype or str(out.dtype) != str(weight.dtype):
         return None
-    vector = _per_channel(scale, out.ndim, out.ndim - 1, outputs)
+    vector = per_channel(scale, out.ndim, out.ndim - 1, outputs)
     if vector is None:
         return None
     product = relax.op.matmul(matches[_mm_data], relax.const(weight * vector[None, :], str(weight.dtype)))

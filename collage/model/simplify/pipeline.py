@@ -19,6 +19,7 @@ import tvm_ffi
 from tvm.relax import transform
 
 from .attention import ATTENTION_AS_MATMULS
+from .branches import MERGE_SUMMED_CONVOLUTIONS
 from .batch_norm import (BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, FOLD_SCALE_INTO_MATMUL, MERGE_CONSTANT_ADDS,
                          SCALE_BEFORE_BIAS)
 from .constants import FOLD_ARANGE, FOLD_INDEX_TENSOR, FOLD_PERMUTE_DIMS
@@ -84,6 +85,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     SCALE_BEFORE_BIAS,
     FOLD_SCALE_INTO_CONV,
     FOLD_SCALE_INTO_MATMUL,
+    MERGE_SUMMED_CONVOLUTIONS,  # after the BatchNorms became scales and biases: its branches' terms
     MERGE_CONSTANT_ADDS,
     ADD_ZERO,
     MULTIPLY_ONE,

@@ -1,0 +1,215 @@
+"""Parallel branches of one input, summed, as one convolution (structural re-parameterization).
+
+RepVGG-style blocks train several branches on one input and add them: a 3x3 convolution, a
+1x3 and a 3x1 one, a 1x1, the input itself through a BatchNorm. Every branch is linear in
+the input, so at inference the sum is one convolution whose kernel is the branches' kernels
+centred and added (RepVGG, Ding et al. 2021). Their authors fold it by hand before deploying;
+exported as trained (transformers' TextNet, RT-DETR's RepVGG blocks, MobileOne, ACNet), the
+model keeps every branch, and no engine folds it: ONNX Runtime and OpenVINO run each
+convolution and the adds.
+
+``merge_summed_convolutions`` folds ``a + b`` where each side is a term on the same input
+``x``: ``conv(x, w)``, ``x * s`` with ``s`` per channel (a BatchNorm once
+``batch_norm_to_affine`` has run), or ``x`` itself, each with an optional constant added (a
+bias, a BatchNorm's shift). The result is again such a term, so a sum of four branches folds
+in three iterations of the pipeline. A fold must not add work: the merged kernel has at
+most as many taps as the convolutions it replaces together (a 3x3 and a 1x3 fold; a 1x3 and a
+3x1 would become a 3x3, more multiply-adds than both, and stay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
+
+from .batch_norm import per_channel
+from .pattern_rewrite import Matches, PatternRewrite
+
+_CONVOLUTIONS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
+
+
+@dataclass(frozen=True)
+class _TermPattern:
+    """One operand of the sum: a convolution, a per-channel scale or the input, plus a constant."""
+
+    conv: DFPattern
+    conv_data: DFPattern
+    weight: DFPattern
+    scaled: DFPattern
+    scaled_data: DFPattern
+    scale: DFPattern
+    bare: DFPattern
+    bias: DFPattern
+    biased: DFPattern
+    term: DFPattern
+
+
+def _term_pattern() -> _TermPattern:
+    conv_data, weight = wildcard(), is_const()
+    conv = is_op(_CONVOLUTIONS[0])(conv_data, weight)
+    for name in _CONVOLUTIONS[1:]:
+        conv = conv | is_op(name)(conv_data, weight)
+    scaled_data, scale, bare, bias = wildcard(), is_const(), wildcard(), is_const()
+    scaled = is_op("relax.multiply")(scaled_data, scale)
+    linear = conv | scaled
+    biased = is_op("relax.add")(linear, bias)
+    # The bare input last: a wildcard matches any operand, the other alternatives are tried first.
+    term = biased | linear | bare
+    return _TermPattern(conv, conv_data, weight, scaled, scaled_data, scale, bare, bias, biased, term)
+
+
+_LEFT, _RIGHT = _term_pattern(), _term_pattern()
+_SUM = is_op("relax.add")(_LEFT.term, _RIGHT.term)
+
+
+@dataclass(frozen=True)
+class _Term:
+    """A term as a convolution's kernel (``kernel_layout``) placed by its padding, and its constant."""
+
+    data: relax.Expr
+    weight: np.ndarray
+    before: tuple[int, ...]  # padding before each spatial axis
+    after: tuple[int, ...]
+    bias: np.ndarray | None
+    reads: tuple[relax.Expr, ...]  # the values folded away: each must have no other reader
+
+
+def _spatial_axes(layout: str) -> list[int]:
+    return [i for i, letter in enumerate(layout) if letter not in "OI"]
+
+
+def _term(p: _TermPattern, matches: Matches, conv: relax.Call, kernel: np.ndarray) -> _Term | None:
+    """The operand ``p`` matched as a term of the same geometry as ``conv`` (whose weights are
+    ``kernel``), or None."""
+    attrs = conv.attrs
+    spatial = len(attrs.strides)
+    bias = matches[p.bias].value.numpy() if p.biased in matches else None
+    reads = [matches[p.biased]] if p.biased in matches else []
+    if p.conv in matches:
+        own = matches[p.conv]
+        if own.op.name != conv.op.name or not _same_geometry(own.attrs, attrs):
+            return None
+        padding = [int(v) for v in own.attrs.padding]
+        reads.append(own)
+        return _Term(matches[p.conv_data], matches[p.weight].value.numpy(), tuple(padding[:spatial]),
+                     tuple(padding[spatial:]), bias, tuple(reads))  # fmt: skip
+    # The input itself, scaled per channel or not: a kernel of one tap, the scale on its diagonal.
+    if any(int(s) != 1 for s in attrs.strides):
+        return None
+    data = matches[p.scaled_data] if p.scaled in matches else matches[p.bare]
+    channel_axis = attrs.data_layout.index("C")
+    shape = _static_shape(data.ty)
+    if shape is None or len(shape) != len(attrs.data_layout):
+        return None
+    channels = shape[channel_axis]
+    if p.scaled in matches:
+        scale = matches[p.scale].value.numpy()
+        vector = per_channel(scale, data.ty.ndim, channel_axis, channels) if scale.dtype == str(data.ty.dtype) else None
+        if vector is None:
+            return None
+        reads.append(matches[p.scaled])
+    else:
+        vector = np.ones(channels, str(data.ty.dtype))
+    layout = attrs.kernel_layout
+    out_axis, in_axis = layout.index("O"), layout.index("I")
+    if kernel.shape[out_axis] != channels:
+        return None  # the identity needs as many outputs as inputs
+    per_group = kernel.shape[in_axis]
+    shape = [1] * kernel.ndim
+    shape[out_axis], shape[in_axis] = channels, per_group
+    weight = np.zeros(shape, kernel.dtype)
+    for channel in range(channels):
+        index = [0] * kernel.ndim
+        index[out_axis], index[in_axis] = channel, channel % per_group
+        weight[tuple(index)] = vector[channel]
+    return _Term(data, weight, (0,) * spatial, (0,) * spatial, bias, tuple(reads))
+
+
+def _same_geometry(a, b) -> bool:
+    """Two convolutions whose kernels can be added: all but the padding alike."""
+    return all(tvm_ffi.structural_equal(getattr(a, k), getattr(b, k)) for k in
+               ("strides", "dilation", "groups", "data_layout", "kernel_layout", "out_layout", "out_dtype"))  # fmt: skip
+
+
+def _merged(terms: list[_Term], conv: relax.Call) -> relax.Expr | None:
+    """One convolution computing the sum of ``terms``, its constant added; None if it needs more taps."""
+    attrs = conv.attrs
+    layout, dilation = attrs.kernel_layout, [int(d) for d in attrs.dilation]
+    axes = _spatial_axes(layout)
+    before = [max(t.before[i] for t in terms) for i in range(len(axes))]
+    shifts, after = [], None
+    for t in terms:
+        taps = [t.weight.shape[a] for a in axes]
+        offsets = [before[i] - t.before[i] for i in range(len(axes))]
+        if any(o % d for o, d in zip(offsets, dilation)):
+            return None  # the kernels' taps fall between each other's
+        shifts.append([o // d for o, d in zip(offsets, dilation)])
+        # The padding after each axis that keeps this term's output where it was.
+        own_after = [t.before[i] + t.after[i] - dilation[i] * (taps[i] - 1) for i in range(len(axes))]
+        after = own_after if after is None else after
+        if own_after != after:
+            return None  # the terms' outputs cover different windows
+    size = [max(s[i] + t.weight.shape[a] for s, t in zip(shifts, terms)) for i, a in enumerate(axes)]
+    if int(np.prod(size)) > sum(int(np.prod([t.weight.shape[a] for a in axes])) for t in terms):
+        return None  # more multiply-adds than the branches: not a simplification
+    shape = list(terms[0].weight.shape)
+    for i, a in enumerate(axes):
+        shape[a] = size[i]
+    dtype = terms[0].weight.dtype
+    weight = np.zeros(shape, np.float64)  # summed in double, rounded once
+    for t, shift in zip(terms, shifts):
+        window = [slice(None)] * len(shape)
+        for i, a in enumerate(axes):
+            window[a] = slice(shift[i], shift[i] + t.weight.shape[a])
+        weight[tuple(window)] += t.weight
+    weight = weight.astype(dtype)
+    padding = [*before, *[after[i] + dilation[i] * (size[i] - 1) - before[i] for i in range(len(axes))]]
+    if min(padding) < 0:
+        return None
+    make = getattr(relax.op.nn, conv.op.name.rsplit(".", 1)[1])
+    merged = make(terms[0].data, relax.const(weight, str(weight.dtype)), strides=attrs.strides, padding=padding,
+                  dilation=attrs.dilation, groups=attrs.groups, data_layout=attrs.data_layout,
+                  kernel_layout=layout, out_layout=attrs.out_layout, out_dtype=attrs.out_dtype)  # fmt: skip
+    biases = [t.bias for t in terms if t.bias is not None]
+    if not biases:
+        return merged
+    bias = np.sum(np.broadcast_arrays(*(b.astype(np.float64) for b in biases)), axis=0)
+    return relax.op.add(merged, relax.const(bias.astype(dtype)))
+
+
+def _merge_summed_convolutions(matches: Matches, single_use: set) -> relax.Expr | None:
+    total = matches[_SUM]
+    convs = [p for p in (_LEFT, _RIGHT) if p.conv in matches]
+    if not convs:
+        return None
+    anchor, kernel = matches[convs[0].conv], matches[convs[0].weight].value.numpy()
+    if not {"O", "I"} <= set(anchor.attrs.kernel_layout) or not anchor.attrs.kernel_layout.isupper():
+        return None  # a packed layout (OIHW16o) splits a channel axis in two
+    terms = [_term(p, matches, anchor, kernel) for p in (_LEFT, _RIGHT)]
+    if None in terms or not terms[0].data.same_as(terms[1].data):
+        return None
+    if not all(read in single_use for t in terms for read in t.reads):
+        return None  # a branch read elsewhere stays, and folding it in would compute it twice
+    outputs = [matches[p.conv] if p.conv in matches else matches[p.scaled] if p.scaled in matches else matches[p.bare]
+               for p in (_LEFT, _RIGHT)]  # fmt: skip
+    if not all(tvm_ffi.structural_equal(o.ty, total.ty) for o in outputs):
+        return None  # a branch broadcast by the add: not a sum of like outputs
+    shape = _static_shape(total.ty)
+    biases = [t.bias for t in terms if t.bias is not None]
+    if shape is None or any(b.dtype != kernel.dtype or np.broadcast_shapes(b.shape, shape) != shape for b in biases):
+        return None  # a bias that broadcasts the sum further, or of another type
+    return _merged(terms, anchor)
+
+
+def _static_shape(ty) -> tuple[int, ...] | None:
+    if ty.shape is None or not all(isinstance(v, tvm.tirx.IntImm) for v in ty.shape.values):
+        return None
+    return tuple(int(v) for v in ty.shape.values)
+
+
+MERGE_SUMMED_CONVOLUTIONS = PatternRewrite("merge_summed_convolutions", _SUM, _merge_summed_convolutions)
