@@ -106,6 +106,13 @@ CORPUS: dict[str, CorpusModel] = {
         "vision-cnn", "PoolFormerModel", "PoolFormerConfig", 128, "PoolFormer (pooling token mixer), S12 at half width",
         hidden_sizes=[32, 64, 160, 256], depths=[1, 1, 2, 1],
     ),
+    "textnet": _image(
+        "vision-cnn", "TextNetModel", "TextNetConfig", 128, "TextNet (FAST's text-detection backbone: 3x3, 1x3 and 3x1 conv stages)",
+    ),
+    "dinov3_convnext": _image(
+        "vision-cnn", "DINOv3ConvNextModel", "DINOv3ConvNextConfig", 128, "DINOv3's ConvNeXt (layer scale), tiny widths halved, depths 1-1-2-1",
+        hidden_sizes=[48, 96, 192, 384], depths=[1, 1, 2, 1], image_size=128,
+    ),
     # ------------------------------------------------------------------ vision transformers
     "deit": _image(
         "vision-transformer", "DeiTModel", "DeiTConfig", 128, "DeiT-tiny width (192, 3 heads), 2 layers, distillation token",
@@ -119,6 +126,14 @@ CORPUS: dict[str, CorpusModel] = {
     "dinov2": _image(
         "vision-transformer", "Dinov2Model", "Dinov2Config", 112, "DINOv2 (patch 14, layer scale), 192 wide, 2 layers",
         image_size=112, hidden_size=192, num_hidden_layers=2, num_attention_heads=3,
+    ),
+    "dinov3_vit": _image(
+        "vision-transformer", "DINOv3ViTModel", "DINOv3ViTConfig", 128, "DINOv3 ViT (2-D rotary positions, register tokens, layer scale), 192 wide",
+        image_size=128, hidden_size=192, intermediate_size=768, num_hidden_layers=2, num_attention_heads=3,
+    ),
+    "ijepa": _image(
+        "vision-transformer", "IJepaModel", "IJepaConfig", 128, "I-JEPA (a ViT with no class token), 192 wide, 2 layers",
+        image_size=128, hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=768,
     ),
     "swin": _image(
         "vision-transformer", "SwinModel", "SwinConfig", 128, "Swin (shifted windows of 4), embed 32, depths 1-1-2-1",
@@ -269,6 +284,19 @@ CORPUS: dict[str, CorpusModel] = {
         "text-encoder", "XLNetModel", "XLNetConfig", "XLNet (two-stream relative attention, content stream), 256 wide, 2 layers",
         d_model=256, n_layer=2, n_head=4, d_inner=1024, use_mems_eval=False,
     ),
+    "big_bird": _text(
+        "text-encoder", "BigBirdModel", "BigBirdConfig", "BigBird (block-sparse attention: blocks of 8, one random block), 256 wide",
+        **ENCODER_256, attention_type="block_sparse", block_size=8, num_random_blocks=1,
+    ),
+    "eurobert": _text(
+        "text-encoder", "EuroBertModel", "EuroBertConfig", "EuroBERT (a Llama-style encoder: RMSNorm, SwiGLU, rotary), 2 layers",
+        hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,  # the defaults are outside the shrunk vocabulary
+    ),
+    "canine": _text(
+        "text-encoder", "CanineModel", "CanineConfig", "CANINE (characters: hashed embeddings, local attention, strided-conv downsampling)",
+        **ENCODER_256,
+    ),
     # ------------------------------------------------------------------ text decoders
     "gpt_neo": _text(
         "text-decoder", "GPTNeoModel", "GPTNeoConfig", "GPT-Neo (global and local attention), 256 wide, 2 layers",
@@ -357,6 +385,38 @@ CORPUS: dict[str, CorpusModel] = {
         "text-decoder", "MambaModel", "MambaConfig", "Mamba (selective state space, its sequential scan), 128 wide, 2 layers",
         hidden_size=128, state_size=16, num_hidden_layers=2, use_cache=False,
     ),
+    "biogpt": _text(
+        "text-decoder", "BioGptModel", "BioGptConfig", "BioGPT (scaled embeddings, learned positions), 256 wide, 2 layers",
+        **ENCODER_256, use_cache=False,
+    ),
+    "codegen": _text(
+        "text-decoder", "CodeGenModel", "CodeGenConfig", "CodeGen (QKV fused in 4 blocks, rotary on 16 of 64 dims), 2 layers",
+        n_embd=256, n_layer=2, n_head=4, rotary_dim=16, use_cache=False,
+    ),
+    "mpt": _text(
+        "text-decoder", "MptModel", "MptConfig", "MPT (ALiBi, no biases, fused QKV), 256 wide, 2 layers",
+        d_model=256, n_heads=4, n_layers=2, expansion_ratio=4, use_cache=False,
+    ),
+    "starcoder2": _text(
+        "text-decoder", "Starcoder2Model", "Starcoder2Config", "StarCoder2 (grouped-query 4/2, LayerNorm, GELU MLP with biases), 2 layers",
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        use_cache=False,
+    ),
+    "lfm2": _text(
+        "text-decoder", "Lfm2Model", "Lfm2Config", "LFM2 (gated short convolutions between attention layers), 4 layers",
+        hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        layer_types=["conv", "full_attention", "conv", "full_attention"], use_cache=False, pad_token_id=0,
+    ),
+    "cohere": _text(
+        "text-decoder", "CohereModel", "CohereConfig", "Command-R (parallel attention and MLP, bias-free LayerNorm, interleaved rotary)",
+        hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    ),
+    "mamba2": _text(
+        "text-decoder", "Mamba2Model", "Mamba2Config", "Mamba-2 (state-space duality: a chunked scan), 128 wide, 2 layers",
+        hidden_size=128, state_size=16, num_hidden_layers=2, num_heads=4, head_dim=64, n_groups=1, chunk_size=16,
+        use_cache=False,
+    ),
     # ------------------------------------------------------------------ audio
     "wav2vec2": _audio(
         "Wav2Vec2Model", "Wav2Vec2Config", (1, AUDIO_SAMPLES), "wav2vec 2.0: conv feature encoder (128 channels), 2 layers",
@@ -400,5 +460,10 @@ CORPUS: dict[str, CorpusModel] = {
     "wav2vec2_bert": _audio(
         "Wav2Vec2BertModel", "Wav2Vec2BertConfig", (1, 100, 160), "w2v-BERT 2.0 (conformer on filter-bank features, relative keys), 2 layers",
         **ENCODER_256, output_hidden_size=256,
+    ),
+    "moonshine_encoder": _audio(
+        "MoonshineEncoder", "MoonshineConfig", (1, AUDIO_SAMPLES), "Moonshine's encoder (a conv stem on raw audio, GroupNorm, rotary), 2 layers",
+        hidden_size=256, intermediate_size=1024, encoder_num_hidden_layers=2, encoder_num_attention_heads=4,
+        decoder_num_hidden_layers=1, decoder_num_attention_heads=4,
     ),
 }  # fmt: skip
