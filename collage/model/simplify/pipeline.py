@@ -19,9 +19,9 @@ import tvm_ffi
 from tvm.relax import transform
 
 from .attention import ATTENTION_AS_MATMULS
-from .branches import MERGE_SUMMED_CONVOLUTIONS
 from .batch_norm import (BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, FOLD_SCALE_INTO_MATMUL, MERGE_CONSTANT_ADDS,
                          SCALE_BEFORE_BIAS)
+from .branches import MERGE_SUMMED_CONVOLUTIONS
 from .constants import FOLD_ARANGE, FOLD_INDEX_TENSOR, FOLD_PERMUTE_DIMS
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE, PAD_OF_NOTHING
 from .idioms import (CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_BROADCASTS_ITSELF, MATMUL_ON_ALL_AXES,
