@@ -509,7 +509,7 @@ def _optimized_module(model: Model, config: Config, kept: Finalist, measured: Co
         # what it measured here, end to end.
         partitions = [dataclasses.replace(partitions[0], cost=measured)]
         estimated_ms = measured.median_ms
-    record.warnings = dominant_tvm_ops(partitions)
+    record.warnings = model.warnings + dominant_tvm_ops(partitions)
     if is_cuda(config.target):  # as build.compile_module decided when it built kept.vm
         record.cuda_graph_off = module_cuda_graph_blocker(kept.assembly.module,
                                                           kernel_backends(kept.assembly, model.backends))

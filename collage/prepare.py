@@ -9,7 +9,7 @@ import functools
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -48,6 +48,7 @@ class Model:
     calibration: list[list[np.ndarray]]  # the user's input sets for the accuracy budget (or none)
     program: object | None = None  # the PyTorch module's torch.export program, for an engine to compile whole
     module: object | None = None  # the user's torch.nn.Module it exports, which such an engine compiles first
+    warnings: list[str] = field(default_factory=list)  # what the model as given computes, likely unmeant
 
     @functools.cached_property
     def expected(self) -> list[np.ndarray]:
@@ -115,7 +116,24 @@ def prepare_model(
             failed = f"simplification failed, the model is placed as given: {type(err).__name__}: {first_line(err)}"
     arrays = random_inputs(original["main"], config.seed)
     return Model(original, prepared, report, failed, rewritten, asked, usable, excluded, log, onnx_model, config,
-                 arrays, calibration, program, module)  # fmt: skip
+                 arrays, calibration, program, module, batch_statistics(original))  # fmt: skip
+
+
+def batch_statistics(mod: tvm.IRModule) -> list[str]:
+    """A warning where the model normalizes with each batch's statistics: ``relax.nn.batch_norm``
+    does unless told ``training=False``, and TVM's FX importer (``from_fx``) does not tell it
+    for a BatchNorm of a module in eval mode, so the module it writes computes other numbers
+    than torch (a keyword spotter: 3.7e-2 of its output). Collage keeps the meaning it is given."""
+    training = []
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: training.append(e) if isinstance(e, relax.Call) and isinstance(
+                e.op, tvm.ir.Op) and e.op.name == "relax.nn.batch_norm" and bool(e.attrs.training) else None)  # fmt: skip
+    if not training:
+        return []
+    return [f"{len(training)} BatchNorm(s) normalize with each batch's own statistics (relax.nn.batch_norm with "
+            "training=True, the op's default, which TVM's from_fx writes even for a module in eval mode), and so does "
+            "the optimized module; for inference, import with tvm.relax.frontend.torch.from_exported_program"]
 
 
 def defined(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:

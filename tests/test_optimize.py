@@ -347,6 +347,26 @@ def test_a_model_of_tvms_nn_frontend_optimizes_its_one_function_and_an_engine_ta
     assert timed_end_to_end(opt, "onnxruntime alone")
 
 
+def test_a_batch_norm_on_batch_statistics_is_kept_and_named(tmp_path):
+    """TVM's FX importer writes an eval-mode BatchNorm2d as ``relax.nn.batch_norm`` without
+    ``training=False``, so the module normalizes with the batch's statistics, not torch's: the
+    optimized module computes what it was given, and the report says so."""
+    import torch
+    from tvm.relax.frontend.torch import from_fx
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
+    with torch.no_grad():
+        mod = from_fx(torch.fx.symbolic_trace(net), [((2, 3, 8, 8), "float32")], keep_params_as_input=False)
+    opt = collage.optimize(mod, backends=["tvm"], cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype("float32")
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    expected, actual = vm["main"](tvm.runtime.tensor(x)), opt(x)
+    expected = expected.numpy() if isinstance(expected, tvm.runtime.Tensor) else expected[0].numpy()
+    np.testing.assert_allclose(actual if isinstance(actual, np.ndarray) else actual[0], expected, rtol=1e-4, atol=1e-5)
+    assert "1 BatchNorm(s) normalize with each batch's own statistics" in opt.report()
+
+
 def _imported_with_weights_as_inputs():
     """A small torch model imported as TVM's tutorials import one: its weights kept as inputs
     after the data (``num_input``), their values in main's ``params`` attribute."""
