@@ -124,11 +124,14 @@ def batch_statistics(mod: tvm.IRModule) -> list[str]:
     does unless told ``training=False``, and TVM's FX importer (``from_fx``) does not tell it
     for a BatchNorm of a module in eval mode, so the module it writes computes other numbers
     than torch (a keyword spotter: 3.7e-2 of its output). Collage keeps the meaning it is given."""
+    def is_training(expr) -> bool:
+        return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.batch_norm"
+                and bool(expr.attrs.training))  # fmt: skip
+
     training = []
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, lambda e: training.append(e) if isinstance(e, relax.Call) and isinstance(
-                e.op, tvm.ir.Op) and e.op.name == "relax.nn.batch_norm" and bool(e.attrs.training) else None)  # fmt: skip
+            relax.analysis.post_order_visit(func, lambda e: training.append(e) if is_training(e) else None)
     if not training:
         return []
     return [f"{len(training)} BatchNorm(s) normalize with each batch's own statistics (relax.nn.batch_norm with "

@@ -67,12 +67,12 @@ BATCH_NORM_TO_AFFINE = PatternRewrite("batch_norm_to_affine", _bn_output, _batch
 
 # --------------------------------------------------------------------------- fold_scale_into_conv
 
-_CONVOLUTIONS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
+CONVOLUTIONS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
 _TRANSPOSED_CONVOLUTIONS = ("relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose")
 
 _conv_data, _conv_weight, _scale = wildcard(), is_const(), is_const()
-_any_conv_op = is_op(_CONVOLUTIONS[0])
-for _name in _CONVOLUTIONS[1:] + _TRANSPOSED_CONVOLUTIONS:
+_any_conv_op = is_op(CONVOLUTIONS[0])
+for _name in CONVOLUTIONS[1:] + _TRANSPOSED_CONVOLUTIONS:
     _any_conv_op = _any_conv_op | is_op(_name)
 _conv = _any_conv_op(_conv_data, _conv_weight)
 _scaled_conv = is_op("relax.multiply")(_conv, _scale)  # the matcher also tries (_scale, _conv)

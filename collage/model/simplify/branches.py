@@ -22,15 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
-from .batch_norm import per_channel
+from .batch_norm import CONVOLUTIONS, per_channel
+from .ops import static_shape
 from .pattern_rewrite import Matches, PatternRewrite
-
-_CONVOLUTIONS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
 
 
 @dataclass(frozen=True)
@@ -51,8 +49,8 @@ class _TermPattern:
 
 def _term_pattern() -> _TermPattern:
     conv_data, weight = wildcard(), is_const()
-    conv = is_op(_CONVOLUTIONS[0])(conv_data, weight)
-    for name in _CONVOLUTIONS[1:]:
+    conv = is_op(CONVOLUTIONS[0])(conv_data, weight)
+    for name in CONVOLUTIONS[1:]:
         conv = conv | is_op(name)(conv_data, weight)
     scaled_data, scale, bare, bias = wildcard(), is_const(), wildcard(), is_const()
     scaled = is_op("relax.multiply")(scaled_data, scale)
@@ -103,13 +101,13 @@ def _term(p: _TermPattern, matches: Matches, conv: relax.Call, kernel: np.ndarra
         return None
     data = matches[p.scaled_data] if p.scaled in matches else matches[p.bare]
     channel_axis = attrs.data_layout.index("C")
-    shape = _static_shape(data.ty)
-    if shape is None or len(shape) != len(attrs.data_layout):
+    data_shape = static_shape(data)
+    if data_shape is None or len(data_shape) != len(attrs.data_layout):
         return None
-    channels = shape[channel_axis]
+    channels = data_shape[channel_axis]
     if p.scaled in matches:
         scale = matches[p.scale].value.numpy()
-        vector = per_channel(scale, data.ty.ndim, channel_axis, channels) if scale.dtype == str(data.ty.dtype) else None
+        vector = per_channel(scale, len(data_shape), channel_axis, channels) if scale.dtype == str(data.ty.dtype) else None
         if vector is None:
             return None
         reads.append(matches[p.scaled])
@@ -120,9 +118,9 @@ def _term(p: _TermPattern, matches: Matches, conv: relax.Call, kernel: np.ndarra
     if kernel.shape[out_axis] != channels:
         return None  # the identity needs as many outputs as inputs
     per_group = kernel.shape[in_axis]
-    shape = [1] * kernel.ndim
-    shape[out_axis], shape[in_axis] = channels, per_group
-    weight = np.zeros(shape, kernel.dtype)
+    one_tap = [1] * kernel.ndim
+    one_tap[out_axis], one_tap[in_axis] = channels, per_group
+    weight = np.zeros(one_tap, kernel.dtype)
     for channel in range(channels):
         index = [0] * kernel.ndim
         index[out_axis], index[in_axis] = channel, channel % per_group
@@ -199,17 +197,11 @@ def _merge_summed_convolutions(matches: Matches, single_use: set) -> relax.Expr 
                for p in (_LEFT, _RIGHT)]  # fmt: skip
     if not all(tvm_ffi.structural_equal(o.ty, total.ty) for o in outputs):
         return None  # a branch broadcast by the add: not a sum of like outputs
-    shape = _static_shape(total.ty)
+    shape = static_shape(total)
     biases = [t.bias for t in terms if t.bias is not None]
-    if shape is None or any(b.dtype != kernel.dtype or np.broadcast_shapes(b.shape, shape) != shape for b in biases):
+    if shape is None or any(b.dtype != kernel.dtype or list(np.broadcast_shapes(b.shape, shape)) != shape for b in biases):
         return None  # a bias that broadcasts the sum further, or of another type
     return _merged(terms, anchor)
-
-
-def _static_shape(ty) -> tuple[int, ...] | None:
-    if ty.shape is None or not all(isinstance(v, tvm.tirx.IntImm) for v in ty.shape.values):
-        return None
-    return tuple(int(v) for v in ty.shape.values)
 
 
 MERGE_SUMMED_CONVOLUTIONS = PatternRewrite("merge_summed_convolutions", _SUM, _merge_summed_convolutions)
