@@ -26,7 +26,9 @@ from .errors import first_line
 from .measuring.arrays import Reference, mismatch, numpy_outputs, random_inputs, static_shape, to_tensors
 from .model.graph import DataflowGraph
 from .model.asserts import without_asserts, without_asserts_that_hold
-from .model.simplify import BOOLEANS_AS_INTEGERS, WRAP_NEGATIVE_TAKE_INDICES, SimplifyReport, simplify
+from .model.simplify import (
+    BOOLEANS_AS_INTEGERS, FINITE_INTEGER_CLIPS, WRAP_NEGATIVE_TAKE_INDICES, SimplifyReport, simplify,
+)  # fmt: skip
 
 
 @dataclass
@@ -149,7 +151,9 @@ def defined(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
       placements, which count the index from the end, were all rejected (Falcon's unoptimized
       outputs were NaN in one run and wrong by 100% in the next).
     - TVM cannot compile comparisons and arithmetic of booleans, which the importers write
-      as torch and ONNX have them: it could not run LongT5's unoptimized model at all."""
+      as torch and ONNX have them: it could not run LongT5's unoptimized model at all.
+    - TVM cannot compile a clip of integers to an infinite bound, which PyTorch's importer
+      writes for a one-sided clamp: it could not run SAM's image encoder at all."""
     changes = []
     mod, count = WRAP_NEGATIVE_TAKE_INDICES.apply(mod)
     if count:
@@ -159,6 +163,10 @@ def defined(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
     if count:
         changes.append(f"{count} comparison(s) or arithmetic operator(s) on booleans, which TVM cannot compile, "
                        "compute on their 0/1 integers, in the unoptimized model too")  # fmt: skip
+    mod, count = FINITE_INTEGER_CLIPS.apply(mod)
+    if count:
+        changes.append(f"{count} clip(s) of integers to an infinite bound, which TVM cannot compile, are bounded "
+                       "by the integer type's extreme instead, in the unoptimized model too")  # fmt: skip
     return mod, changes
 
 

@@ -147,6 +147,38 @@ def test_what_the_importer_lacks_is_imported_decomposed(model, shape):
         np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-6)
 
 
+class RelativePositions(torch.nn.Module):
+    """Parakeet's relative positions: an ``arange`` counting down, made under ``torch.no_grad``
+    (a sub-graph of the exported program), its sines and cosines interleaved by a reshape; and
+    a one-sided clamp of integer indices, as SAM's interpolated positions clamp theirs."""
+
+    @torch.no_grad()
+    def positions(self, count: int):
+        return torch.arange(count - 1, -count, -1)
+
+    def forward(self, x):
+        ids = self.positions(x.shape[1])
+        freqs = ids[:, None].float() * torch.arange(1, 5).float()
+        table = torch.stack([freqs.sin(), freqs.cos()], dim=-1).reshape(len(ids), 8)
+        return x @ table[: x.shape[1]], x[:, torch.clamp(ids, min=0)]
+
+
+def test_what_the_importer_declares_or_compiles_wrong_is_imported_as_torch_computes_it():
+    x, model = torch.randn(3, 6), RelativePositions().eval()
+    # TVM's importer alone: its arange counting down declares 13 values where it makes 11.
+    with pytest.raises(ValueError, match="Reshape expects"):
+        from tvm.relax.frontend.torch import from_exported_program
+
+        from_exported_program(torch.export.export(model, (x,)))
+    mod = import_model(model, example_inputs=x).mod
+    mod, changes = defined(mod)  # a clip of int64 to -inf, which TVM cannot compile
+    assert any("clip(s) of integers to an infinite bound" in change for change in changes)
+    vm = tvm.relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy()))
+    for out, want in zip(got, model(x), strict=True):
+        np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
 class Promotes(torch.nn.Module):
     """What torch computes in a promoted dtype and TVM's importer computed in the input's:
     integers times, plus or divided by floats, integers divided truly (LongT5's

@@ -12,12 +12,15 @@ other program is imported exactly as TVM's importer would.
 What the importer converts wrong rather than refuses: arithmetic that torch computes in a
 promoted dtype (an integer tensor times a float, integers divided truly), which the importer
 computes in the tensor's own dtype, and running sums of booleans, which torch counts in int64
-(``with_result_dtypes``). Those dtypes are made explicit in every program.
+(``with_result_dtypes``). Those dtypes are made explicit in every program, and an ``arange``
+counting down, whose length the importer declares wrong, counts up in every program
+(``with_aranges_counting_up``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 
 
 def _unfold(x, dimension: int, size: int, step: int):
@@ -170,6 +173,42 @@ def _cast(graph, node, arg, dtype):
     with _fake_mode(value):
         cast.meta["val"] = value.to(dtype)
     return cast
+
+
+def _arange_counting_down(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """``torch.arange`` with a negative step as an arange counting up, scaled and shifted:
+    TVM 0.27's ``relax.op.arange`` computes the values of a negative step right but declares
+    its length as if the step were positive (``arange(12, -13, -1)``: 25 values, a declared
+    shape of 27), so the first reshape of it fails (Parakeet's relative positions) or, where
+    nothing checks, the shapes that follow are wrong."""
+    import torch
+
+    numbers = (start, end, step)
+    if not all(isinstance(v, (int, float)) for v in numbers) or step >= 0:
+        return NotImplemented  # traced as the operator itself
+    if dtype is None:
+        dtype = torch.int64 if all(isinstance(v, int) for v in numbers) else torch.get_default_dtype()
+    count = max(math.ceil((end - start) / step), 0)
+    return torch.arange(count, dtype=dtype, device=device) * step + start
+
+
+def with_aranges_counting_up(program):
+    """``program`` with every arange of a negative step counting up instead
+    (``_arange_counting_down``); a program without one as it is."""
+    import torch
+
+    arange = torch.ops.aten.arange.start_step
+    # Sub-graphs too: a method under ``torch.no_grad`` is exported as one (Parakeet's positions).
+    nodes = (node for module in program.graph_module.modules() if isinstance(module, torch.fx.GraphModule)
+             for node in module.graph.nodes)  # fmt: skip
+    if not any(node.target is arange and _negative_step(node) for node in nodes):
+        return program
+    return program.run_decompositions({arange: _arange_counting_down})
+
+
+def _negative_step(node) -> bool:
+    step = node.args[2] if len(node.args) > 2 else node.kwargs.get("step", 1)
+    return isinstance(step, (int, float)) and step < 0
 
 
 def table() -> dict:

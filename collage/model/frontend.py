@@ -222,7 +222,7 @@ def relax_of(program) -> tvm.IRModule:
 
     from . import decompositions
 
-    program = decompositions.with_result_dtypes(program)
+    program = decompositions.with_aranges_counting_up(decompositions.with_result_dtypes(program))
     try:
         try:
             return from_exported_program(program, keep_params_as_input=False)

@@ -6,13 +6,14 @@ rewrites (the ones TVM has no pass for), each a ``tvm.relax.dpl`` pattern with i
 (``pattern_rewrite``).
 """
 
-from .idioms import BOOLEANS_AS_INTEGERS, WRAP_NEGATIVE_TAKE_INDICES
+from .idioms import BOOLEANS_AS_INTEGERS, FINITE_INTEGER_CLIPS, WRAP_NEGATIVE_TAKE_INDICES
 from .ops import op_count, op_histogram
 from .pipeline import DEFAULT_STEPS, SimplifyReport, StepCount, TvmPass, simplify
 
 __all__ = [
     "BOOLEANS_AS_INTEGERS",
     "DEFAULT_STEPS",
+    "FINITE_INTEGER_CLIPS",
     "SimplifyReport",
     "StepCount",
     "TvmPass",

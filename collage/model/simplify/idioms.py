@@ -23,6 +23,8 @@
   and ONNX count them and TVM's fast ``take`` does not.
 - ``booleans_as_integers``: comparisons and arithmetic of booleans, which TVM cannot compile,
   computed on their 0/1 integers.
+- ``finite_integer_clips``: a clip of integers to an infinite bound, which TVM cannot compile,
+  bounded by the integer type's own extreme instead.
 """
 
 from __future__ import annotations
@@ -445,3 +447,27 @@ def _booleans_as_integers(matches: Matches, single_use: set) -> relax.Expr | Non
 # An operator on booleans computed on their 0/1 integers, its result cast back to booleans
 # where it was declared boolean.
 BOOLEANS_AS_INTEGERS = PatternRewrite("booleans_as_integers", _on_numbers, _booleans_as_integers)
+
+
+_clipped_integers, _low, _high = wildcard(), wildcard(), wildcard()
+_integer_clip = is_op("relax.clip")(_clipped_integers, _low, _high)
+
+
+def _finite_integer_clip(matches: Matches, single_use: set) -> relax.Expr | None:
+    dtype = getattr(matches[_clipped_integers].ty, "dtype", None)
+    if dtype is None or np.dtype(str(dtype)).kind not in "iu":
+        return None
+    bounds = [literal(matches[b]) for b in (_low, _high)]
+    if None in bounds or all(math.isfinite(b) for b in bounds):
+        return None
+    extremes = np.iinfo(str(dtype))
+    low, high = (int(min(max(b, extremes.min), extremes.max)) for b in bounds)  # -inf and inf clamp to the type's ends
+    return relax.op.clip(matches[_clipped_integers], low, high)
+
+
+# PyTorch's importer writes a one-sided clamp as a clip with the other bound infinite, whatever
+# the dtype; TVM casts that bound to the tensor's dtype when it compiles the clip, and an
+# integer cannot hold infinity ("Cannot convert infinity to BigInt"). torch.export writes such
+# clamps on index arithmetic: SAM's relative positions, resized by a linear interpolation,
+# clamp their int64 source indices to the last one, and TVM could not compile the model at all.
+FINITE_INTEGER_CLIPS = PatternRewrite("finite_integer_clips", _integer_clip, _finite_integer_clip)
