@@ -26,7 +26,7 @@ Tried and dropped:
 - patchtst, patchtsmixer: ``Tensor.unfold`` cuts the series into patches, which TVM's importer
   lacks (collage's import of the torch module decomposes it), and torch's ONNX export of them
   fails ONNX Runtime's shape inference.
-- mixtral: its experts' routing (histc, grouped_mm) is in neither TVM's importer nor ONNX.
+- mixtral, olmoe: their experts' routing (histc, grouped_mm) is in neither TVM's importer nor ONNX.
 """
 
 from __future__ import annotations
@@ -113,6 +113,13 @@ CORPUS: dict[str, CorpusModel] = {
         "vision-cnn", "DINOv3ConvNextModel", "DINOv3ConvNextConfig", 128, "DINOv3's ConvNeXt (layer scale), tiny widths halved, depths 1-1-2-1",
         hidden_sizes=[48, 96, 192, 384], depths=[1, 1, 2, 1], image_size=128,
     ),
+    "hgnet_v2": _image(
+        "vision-cnn", "HGNetV2Backbone", "HGNetV2Config", 128, "HGNetV2-B0 (RT-DETR v2's and D-FINE's backbone: learnable affine blocks, light convs, ESE)",
+    ),
+    "rt_detr_resnet": _image(
+        "vision-cnn", "RTDetrResNetBackbone", "RTDetrResNetConfig", 128, "RT-DETR's ResNet-vd (a 3-conv stem, average-pooled shortcuts), basic blocks",
+        hidden_sizes=[64, 128, 256, 512], depths=[1, 1, 1, 1], layer_type="basic",
+    ),
     # ------------------------------------------------------------------ vision transformers
     "deit": _image(
         "vision-transformer", "DeiTModel", "DeiTConfig", 128, "DeiT-tiny width (192, 3 heads), 2 layers, distillation token",
@@ -177,6 +184,11 @@ CORPUS: dict[str, CorpusModel] = {
         image_size=128, pretrain_image_size=128, hidden_size=192, num_hidden_layers=2, num_attention_heads=3,
         window_size=4, window_block_indices=[0], use_relative_position_embeddings=True,
     ),
+    "sam_vision": _image(
+        "vision-transformer", "SamVisionModel", "SamVisionConfig", 128, "SAM's image encoder (windowed and global attention, decomposed relative positions, conv neck)",
+        image_size=128, hidden_size=192, num_hidden_layers=2, num_attention_heads=3, mlp_dim=768, window_size=4,
+        global_attn_indexes=[1], output_channels=64,
+    ),
     # ------------------------------------------------------------------ hybrids: convolution and attention
     "cvt": _image(
         "hybrid", "CvtModel", "CvtConfig", 96, "CvT (convolutional token embeddings and projections), depths 1-2-3",
@@ -202,6 +214,10 @@ CORPUS: dict[str, CorpusModel] = {
     "swin2sr": _image(
         "hybrid", "Swin2SRModel", "Swin2SRConfig", 64, "Swin2SR (super-resolution: conv stem, Swin V2 blocks in residual groups), embed 48",
         image_size=64, embed_dim=48, depths=[1, 1], num_heads=[2, 2], window_size=8,
+    ),
+    "florence2_vision": _image(
+        "hybrid", "Florence2VisionBackbone", "Florence2VisionConfig", 128, "Florence-2's DaViT (depthwise-conv positions, window and channel attention), depths 1-1-1-1",
+        embed_dim=[32, 64, 128, 256], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], num_groups=[1, 2, 4, 8],
     ),
     # ------------------------------------------------------------------ text encoders
     "roberta": _text(
@@ -296,6 +312,9 @@ CORPUS: dict[str, CorpusModel] = {
     "canine": _text(
         "text-encoder", "CanineModel", "CanineConfig", "CANINE (characters: hashed embeddings, local attention, strided-conv downsampling)",
         **ENCODER_256,
+    ),
+    "xlm_roberta_xl": _text(
+        "text-encoder", "XLMRobertaXLModel", "XLMRobertaXLConfig", "XLM-RoBERTa-XL (pre-LayerNorm encoder)", **ENCODER_256,
     ),
     # ------------------------------------------------------------------ text decoders
     "gpt_neo": _text(
@@ -417,6 +436,55 @@ CORPUS: dict[str, CorpusModel] = {
         hidden_size=128, state_size=16, num_hidden_layers=2, num_heads=4, head_dim=64, n_groups=1, chunk_size=16,
         use_cache=False,
     ),
+    "gemma3": _text(
+        "text-decoder", "Gemma3TextModel", "Gemma3TextConfig", "Gemma 3 (sliding-window and global layers, query-key norms, scaled embeddings)",
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, sliding_window=16, use_cache=False,
+    ),
+    "nemotron": _text(
+        "text-decoder", "NemotronModel", "NemotronConfig", "Nemotron (squared-ReLU MLP without a gate, LayerNorm1p, partial rotary)",
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        use_cache=False,
+    ),
+    "apertus": _text(
+        "text-decoder", "ApertusModel", "ApertusConfig", "Apertus (xIELU activation, query-key norms), 2 layers",
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        use_cache=False,
+    ),
+    "bitnet": _text(
+        "text-decoder", "BitNetModel", "BitNetConfig", "BitNet b1.58 as trained (ternary weights, 8-bit activations fake-quantized in float)",
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        use_cache=False,
+    ),
+    "granite": _text(
+        "text-decoder", "GraniteModel", "GraniteConfig", "Granite 3 (embedding, residual and attention multipliers), 2 layers",
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        use_cache=False, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
+    ),
+    "glm4": _text(
+        "text-decoder", "Glm4Model", "Glm4Config", "GLM-4 (partial rotary, post-attention and post-MLP norms, fused gate-up)",
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, use_cache=False, pad_token_id=0,
+    ),
+    "smollm3": _text(
+        "text-decoder", "SmolLM3Model", "SmolLM3Config", "SmolLM3 (every other layer without rotary positions), 4 layers",
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        no_rope_layer_interval=2, use_cache=False, pad_token_id=0,
+    ),
+    "recurrent_gemma": _text(
+        "text-decoder", "RecurrentGemmaModel", "RecurrentGemmaConfig", "RecurrentGemma (Griffin: RG-LRU recurrence, short conv, local attention)",
+        hidden_size=256, intermediate_size=768, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
+        lru_width=256, attention_window_size=32, use_cache=False,
+    ),
+    "rwkv": _text(
+        "text-decoder", "RwkvModel", "RwkvConfig", "RWKV-4 (time mixing by the WKV recurrence, token shift), 2 layers",
+        hidden_size=256, attention_hidden_size=256, intermediate_size=1024, num_hidden_layers=2, use_cache=False,
+    ),
+    "falcon_h1": _text(
+        "text-decoder", "FalconH1Model", "FalconH1Config", "Falcon-H1 (attention and Mamba-2 heads side by side, muP multipliers)",
+        hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        mamba_d_ssm=256, mamba_n_heads=4, mamba_d_head=64, mamba_d_state=16, mamba_chunk_size=16, use_cache=False,
+    ),
     # ------------------------------------------------------------------ audio
     "wav2vec2": _audio(
         "Wav2Vec2Model", "Wav2Vec2Config", (1, AUDIO_SAMPLES), "wav2vec 2.0: conv feature encoder (128 channels), 2 layers",
@@ -465,5 +533,21 @@ CORPUS: dict[str, CorpusModel] = {
         "MoonshineEncoder", "MoonshineConfig", (1, AUDIO_SAMPLES), "Moonshine's encoder (a conv stem on raw audio, GroupNorm, rotary), 2 layers",
         hidden_size=256, intermediate_size=1024, encoder_num_hidden_layers=2, encoder_num_attention_heads=4,
         decoder_num_hidden_layers=1, decoder_num_attention_heads=4,
+    ),
+    "parakeet_encoder": _audio(
+        "ParakeetEncoder", "ParakeetEncoderConfig", (1, 100, 80), "Parakeet's FastConformer encoder (8x conv subsampling, relative positions), 2 layers",
+        **ENCODER_256,
+    ),
+    "clap_audio": _audio(
+        "ClapAudioModel", "ClapAudioConfig", (1, 1, 256, 64), "CLAP's audio encoder (HTSAT: a Swin on 256 frames of 64-bin mel)",
+        depths=[1, 1, 2, 1], hidden_size=256, patch_embeds_hidden_size=32, spec_size=128, num_mel_bins=64, window_size=4,
+    ),
+    "dac_encoder": _audio(
+        "DacEncoder", "DacConfig", (1, 1, AUDIO_SAMPLES), "DAC's encoder (Snake activations, weight-normed strided convs)",
+        encoder_hidden_size=16, downsampling_ratios=[2, 4, 5, 8], hidden_size=256,
+    ),
+    "encodec_encoder": _audio(
+        "EncodecEncoder", "EncodecConfig", (1, 1, AUDIO_SAMPLES), "EnCodec's encoder (strided convs, a 2-layer LSTM)",
+        num_filters=16, hidden_size=128,
     ),
 }  # fmt: skip

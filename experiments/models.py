@@ -569,8 +569,8 @@ class MBConvNet(nn.Module):
 
 class Transformers(nn.Module):
     """A model of the ``transformers`` library built from a config with random weights
-    (nothing is downloaded), returning its last hidden state: code written by others, as users
-    run it. ``attn_implementation="eager"`` keeps attention as plain ops (SDPA is not exported
+    (nothing is downloaded), returning its last hidden state (a backbone's deepest feature map,
+    a codec encoder's latents): code written by others, as users run it. ``attn_implementation="eager"`` keeps attention as plain ops (SDPA is not exported
     by every path); ``$CORPUS_ATTENTION`` names another (``sdpa``, transformers' own default,
     which ``torch.export`` decomposes before TVM imports it)."""
 
@@ -588,8 +588,14 @@ class Transformers(nn.Module):
 
     def forward(self, x):
         if self.with_mask:  # an all-ones attention mask, as a tokenizer gives it
-            return self.model(x, attention_mask=torch.ones_like(x)).last_hidden_state
-        return self.model(x).last_hidden_state
+            out = self.model(x, attention_mask=torch.ones_like(x))
+        else:
+            out = self.model(x)
+        if isinstance(out, torch.Tensor):  # a codec's encoder alone returns its latents
+            return out
+        if getattr(out, "last_hidden_state", None) is None:  # a backbone: its deepest feature map
+            return out.feature_maps[-1]
+        return out.last_hidden_state
 
 
 def _transformers(model, config, full, small, **kw):
