@@ -147,6 +147,11 @@ def test_convexity():
     assert not SubGraph(g, S(1, 2)).is_connected()
 
 
+def test_depth_counts_the_operators_on_the_longest_path():
+    g = DataflowGraph.from_module(Diamond)  # 0 -> 1 -> 3 and 0 -> 2 -> 3
+    assert [SubGraph(g, S(*nodes)).depth for nodes in ((0,), (1, 2), (0, 1, 2), (0, 1, 2, 3))] == [1, 1, 2, 3]
+
+
 def test_convexity_is_the_definition_on_every_node_set_of_a_branching_graph():
     # No path from a member through a non-member back to a member, checked by walking every
     # path: what the descendants' masks answer in a few operations.

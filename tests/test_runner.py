@@ -3,7 +3,7 @@
 import numpy as np
 from tvm import relax
 
-from collage.measuring.arrays import mismatch, random_inputs
+from collage.measuring.arrays import END_TO_END_RTOL, RTOL, mismatch, random_inputs, tolerance
 
 
 # -- what "matches" means --
@@ -21,6 +21,19 @@ def test_nan_and_infinities_match_position_by_position():
     finite = reference.copy()
     finite[1] = 0.0  # a number where the reference has NaN
     assert "NaN or infinite" in mismatch([finite], [reference])
+
+
+def test_the_tolerance_widens_with_the_operators_a_result_spans_up_to_the_whole_models():
+    # HGNetV2 whole on ONNX Runtime: 1.2e-4 of its largest output from TVM, as deep
+    # convolution stacks round; one operator's 1e-4 refused it, the model's 1e-3 does not.
+    reference = np.linspace(-20.9, 20.9, 64).astype("float32")
+    off = reference + np.float32(1.2e-4 * 20.9)
+    assert "exceeds 0.0001" in mismatch([off], [reference])
+    assert mismatch([off], [reference], ops=100) is None  # a hundred operators deep
+    assert tolerance("float32") == RTOL["float32"] and tolerance("float32", 4) == 2 * RTOL["float32"]
+    assert tolerance("float32", 10_000) == END_TO_END_RTOL  # never looser than the whole model's check
+    assert tolerance("float16", 226) == RTOL["float16"]  # already looser than that: as it was
+    assert "exceeds" in mismatch([reference + 1.0], [reference], ops=226)  # a wrong kernel stays wrong
 
 
 def _unary(op_name: str, shape=(64,)) -> relax.Function:

@@ -15,13 +15,10 @@ from ..candidates.backend import BackendSet
 from ..candidates.precision import FLOAT32, reduced
 from ..errors import OptimizeError
 from ..measuring.build import build_vm, device_for, kernel_backends, run_kernel
-from ..measuring.arrays import Reference, mismatch, numpy_outputs, to_tensors
+from ..measuring.arrays import END_TO_END_RTOL, Reference, mismatch, numpy_outputs, to_tensors
 from ..placing.placement import Partition, Placement, tvm_op
 from .assemble import Assembly, PartitionFailed, assemble
 
-# End to end, rounding differences of the kernels add up along the model: the check allows
-# ten times the per-candidate tolerance (the zoo's measured error is under a quarter of it).
-END_TO_END_RTOL = 1e-3
 MAX_CHECK_ROUNDS = 3
 
 
@@ -131,6 +128,6 @@ def _culprits(graph, assembly, arrays, target, rtol: float | None = None) -> lis
             culprits.append(part)
             continue
         reduced = part.candidate.precision != FLOAT32
-        if mismatch(got, [values[i] for i in sub.outputs], rtol if reduced else None) is not None:
+        if mismatch(got, [values[i] for i in sub.outputs], rtol if reduced else None, ops=sub.depth) is not None:
             culprits.append(part)
     return culprits

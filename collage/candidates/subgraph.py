@@ -47,6 +47,14 @@ class SubGraph:
     def ops(self) -> list[str]:
         return [self.graph[i].op for i in sorted(self.nodes)]
 
+    @functools.cached_property
+    def depth(self) -> int:
+        """The operators on its longest path: how many roundings a value may pass through."""
+        longest: dict[int, int] = {}
+        for i in sorted(self.nodes):  # node indices are in topological order
+            longest[i] = 1 + max((longest[p] for p in self.graph[i].inputs if p in longest), default=0)
+        return max(longest.values())
+
     # ------------------------------------------------------------------ boundary
 
     @functools.cached_property

@@ -4,6 +4,7 @@ TVM's result" (``mismatch``; ``relative_error`` for a reduced precision's own er
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -13,6 +14,20 @@ from tvm import relax
 # float32 results of different kernels for the same sub-graph agree to ~1e-5 relative;
 # the tolerance leaves room for reassociated sums in large reductions (GEMM, conv).
 RTOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
+# End to end, rounding differences of the kernels add up along the model: the check allows
+# ten times one operator's tolerance (the zoo's measured error is under a quarter of it).
+END_TO_END_RTOL = 1e-3
+
+
+def tolerance(dtype: str, ops: int = 1) -> float:
+    """How far another backend's result for a sub-graph with ``ops`` operators on its longest
+    path may be from TVM's, relative to the largest value: ``RTOL`` for one operator, growing
+    with the square root of the count as independent rounding differences add up (a random
+    walk), to at most ``END_TO_END_RTOL``, what the whole assembled model is held to. At one
+    operator's 1e-4, ONNX Runtime and OpenVINO on HGNetV2 whole (1.2e-4 from TVM, which is
+    itself 5.6e-4 from torch) were refused, and only mixes of their regions were left to race."""
+    base = RTOL.get(dtype, 1e-4)
+    return max(base, min(END_TO_END_RTOL, base * math.sqrt(max(ops, 1))))
 
 
 class Reference(NamedTuple):
@@ -145,10 +160,11 @@ def _max_diff_and_scale(a64: np.ndarray, e64: np.ndarray, finite: np.ndarray) ->
     return err, max(float(np.abs(e64[finite]).max(initial=0.0)), 1e-6)
 
 
-def mismatch(actual: list[np.ndarray], expected: list[np.ndarray], rtol: float | None = None) -> str | None:
+def mismatch(actual: list[np.ndarray], expected: list[np.ndarray], rtol: float | None = None,
+             ops: int = 1) -> str | None:
     """Why ``actual`` disagrees with ``expected`` (shape, dtype or values), or None. Values
-    may differ by ``rtol`` (default: per dtype, ``RTOL``) times the largest finite expected
-    value. NaN and infinities are compared position by position: NaN where the reference has
+    may differ by ``rtol`` (default: per dtype, ``tolerance`` of a sub-graph of ``ops``
+    operators) times the largest finite expected value. NaN and infinities are compared position by position: NaN where the reference has
     NaN is right (log of a negative input, a causal mask of -inf), as is the same infinity."""
     if len(actual) != len(expected):
         return f"{len(actual)} outputs, expected {len(expected)}"
@@ -156,7 +172,7 @@ def mismatch(actual: list[np.ndarray], expected: list[np.ndarray], rtol: float |
         if a.shape != e.shape or a.dtype != e.dtype:
             return f"output {k}: {a.dtype}{list(a.shape)}, expected {e.dtype}{list(e.shape)}"
         if e.dtype.kind == "f":
-            tol = rtol if rtol is not None else RTOL.get(str(e.dtype), 1e-4)
+            tol = rtol if rtol is not None else tolerance(str(e.dtype), ops)
             a64, e64 = a.astype("float64"), e.astype("float64")
             finite = np.isfinite(e64)
             special = ~finite & ~((np.isnan(a64) & np.isnan(e64)) | (a64 == e64))

@@ -524,19 +524,22 @@ class Measurer:
         except ValueError as err:  # a dynamic or symbolic shape: nothing can be measured
             return Cost.invalid(str(err))
         graph, values = self._graph_values()
-        reduced = {} if candidate.precision == FLOAT32 else {"precision": candidate.precision, "rtol": GROSS_FAULT}
+        # How the result is checked: float32's tolerance widens along the sub-graph's longest path.
+        checked = {"ops": candidate.subgraph.depth}
+        if candidate.precision != FLOAT32:
+            checked |= {"precision": candidate.precision, "rtol": GROSS_FAULT}
         timing = self.timing if self.ceiling_ms is None else dataclasses.replace(self.timing, ceiling_ms=self.ceiling_ms)
         if self.flushes_cache(candidate.subgraph.graph):
             # Twice the cache: written through, it leaves none of what the candidate reads.
             timing = dataclasses.replace(timing, cache_flush_bytes=2 * self.cache_bytes)
         if candidate.subgraph.graph is not graph:
             return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed, timing,
-                               self._references.get(tvm_ffi.structural_hash(func)), self.meter, **reduced)
+                               self._references.get(tvm_ffi.structural_hash(func)), self.meter, **checked)
         # Read off the whole graph's values; TVM's own kernels are the reference, unchecked.
         inputs = [values[value] for value in candidate.subgraph.arguments()]
         reference = None if backend.name == REFERENCE_BACKEND else [values[graph[i].var] for i in candidate.subgraph.outputs]
         return MeasureTask(backend, func, candidate.pattern, self.target, self.device.threads, self.seed,
-                           timing, reference, self.meter, inputs, **reduced)  # fmt: skip
+                           timing, reference, self.meter, inputs, **checked)  # fmt: skip
 
     def _result(self, task: MeasureTask, result: MeasureResult) -> Cost:
         """The cost in ``result``, keeping the reference outputs it brings for later tasks."""

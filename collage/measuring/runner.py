@@ -81,7 +81,8 @@ class MeasureTask:
     with ``seed``), checked against ``reference`` (TVM's outputs for the same sub-graph and
     inputs; None when not known yet: the task computes it), in ``precision``: a reduced one is
     checked within ``rtol`` instead of float32's tolerance (``GROSS_FAULT`` from a
-    ``Measurer``, which holds the error kept with the cost to the budget itself)."""
+    ``Measurer``, which holds the error kept with the cost to the budget itself). The
+    ``ops`` on the sub-graph's longest path widen float32's (``arrays.tolerance``)."""
 
     backend: Backend
     func: relax.Function
@@ -95,17 +96,18 @@ class MeasureTask:
     inputs: list[np.ndarray] | None = None
     precision: str = FLOAT32
     rtol: float | None = None
+    ops: int = 1
 
     def __reduce__(self):
         # The function as TVM's JSON, its weights as arrays beside it.
         return _task, (self.backend, *weights_out(self.func), self.pattern, self.target, self.threads, self.seed, self.timing,
-                       self.reference, self.meter, self.inputs, self.precision, self.rtol)  # fmt: skip
+                       self.reference, self.meter, self.inputs, self.precision, self.rtol, self.ops)  # fmt: skip
 
 
 def _task(backend, lifted, weights, pattern, target, threads, seed, timing, reference, meter, inputs, precision,
-          rtol) -> MeasureTask:
+          rtol, ops) -> MeasureTask:
     return MeasureTask(backend, weights_in(lifted, weights), pattern, target, threads, seed, timing, reference, meter,
-                       inputs, precision, rtol)
+                       inputs, precision, rtol, ops)
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,7 @@ def measure(task: MeasureTask, kernel=None) -> MeasureResult:
         # A reference found for inputs drawn here serves later tasks of the same sub-graph; one
         # for the caller's inputs (a model's own values) the caller holds already.
         found = reference if task.reference is None and task.inputs is None else None
-        problem = mismatch(actual, reference, task.rtol)
+        problem = mismatch(actual, reference, task.rtol, task.ops)
         # A reduced precision's own error is kept with its cost (float32's is noise), for the
         # Measurer to hold to each run's budget, and with its failure where it errs beyond
         # ``rtol`` (grossly). Outputs of other shapes or dtypes have no such error.
