@@ -8,6 +8,10 @@ transformer's attention mask indexed out of constants stayed a run-time computat
 FoldConstant folds a transpose of a constant by compiling and running a TVM kernel for it:
 a linear layer's weight, as PyTorch's exporters write it, is transposed before its matmul,
 and ViT-B's 72 took 3.3 s of its simplification. NumPy transposes them in milliseconds.
+FoldConstant leaves a cast of a bfloat16 constant (TVM builds no bfloat16 kernel for the CPU
+here): RecurrentGemma's ``sqrt(hidden)`` normalizer, made in bfloat16 and cast to float32,
+stayed an ``astype`` of bfloat16 that no engine's conversion takes, and it kept ONNX Runtime
+and OpenVINO from the whole model. NumPy (with ml_dtypes) casts it exactly.
 """
 
 from __future__ import annotations
@@ -65,3 +69,21 @@ def _fold_permute_dims(matches: Matches, single_use: set) -> relax.Expr | None:
 
 
 FOLD_PERMUTE_DIMS = PatternRewrite("fold_permute_dims", _permute_constant, _fold_permute_dims)
+
+
+_cast_constant = is_const()
+_astype_constant = is_op("relax.astype")(_cast_constant)
+
+
+def _fold_astype(matches: Matches, single_use: set) -> relax.Expr | None:
+    import ml_dtypes  # TVM's own dependency: NumPy's bfloat16
+
+    data = matches[_cast_constant].value.numpy()
+    dtype = str(matches[_astype_constant].attrs.dtype)
+    target = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    if "bfloat16" not in (str(data.dtype), dtype) or target.kind not in "fV" or data.dtype.kind not in "fiubV":
+        return None  # FoldConstant folds the rest; a float to an integer is cast as TVM casts it there
+    return relax.const(data.astype(target), dtype)
+
+
+FOLD_BFLOAT16_CASTS = PatternRewrite("fold_bfloat16_casts", _astype_constant, _fold_astype)

@@ -21,8 +21,8 @@ from tvm.relax import transform
 from .attention import ATTENTION_AS_MATMULS
 from .batch_norm import (BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, FOLD_SCALE_INTO_MATMUL, MERGE_CONSTANT_ADDS,
                          SCALE_BEFORE_BIAS)
-from .branches import MERGE_SUMMED_CONVOLUTIONS
-from .constants import FOLD_ARANGE, FOLD_INDEX_TENSOR, FOLD_PERMUTE_DIMS
+from .branches import MERGE_SUMMED_CONVOLUTIONS, MERGE_SUMMED_MATMULS
+from .constants import FOLD_ARANGE, FOLD_BFLOAT16_CASTS, FOLD_INDEX_TENSOR, FOLD_PERMUTE_DIMS
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE, PAD_OF_NOTHING
 from .idioms import (CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_BROADCASTS_ITSELF, MATMUL_ON_ALL_AXES,
                      MATRIX_WEIGHT, MERGE_CLIPS, TE_CALLS_AS_OPS, WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
@@ -74,6 +74,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     FOLD_ARANGE,
     FOLD_INDEX_TENSOR,
     FOLD_PERMUTE_DIMS,  # a constant matmul operand's transpose, before FoldConstant folds the rest
+    FOLD_BFLOAT16_CASTS,
     MATMUL_BROADCASTS_ITSELF,  # before FoldConstant, which would write a broadcast weight out
     TvmPass("FoldConstant", transform.FoldConstant),
     LINEAR_RECURRENCE_AS_SCAN,  # first: its scan's states are the slices the stacked steps then read
@@ -86,6 +87,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     FOLD_SCALE_INTO_CONV,
     FOLD_SCALE_INTO_MATMUL,
     MERGE_SUMMED_CONVOLUTIONS,  # after the BatchNorms became scales and biases: its branches' terms
+    MERGE_SUMMED_MATMULS,  # after a LoRA's scale went into its up-projection
     MERGE_CONSTANT_ADDS,
     ADD_ZERO,
     MULTIPLY_ONE,
