@@ -4,7 +4,8 @@ transformer encoder and RMSNorm, two inputs and two outputs, batches above one.
 The zoo was written for this project and the corpus (``experiments.corpus``) is models of the
 ``transformers`` library; neither has ``nn.GRU``, ``nn.TransformerEncoder`` (whose fused fast
 path no ONNX opset has), ``nn.RMSNorm`` (which torch cannot export to ONNX at opset 17),
-``F.scaled_dot_product_attention``, ``nn.PixelShuffle``, ``einsum`` or ``cumsum``. Each entry is
+``F.scaled_dot_product_attention``, ``nn.PixelShuffle``, ``einsum``, ``cumsum`` or LoRA adapters
+left unmerged. Each entry is
 small, random weights, built like the zoo's (``experiments.models.load`` finds these names
 after the corpus's)::
 
@@ -165,6 +166,44 @@ class VGGish(nn.Module):
         return self.c(self.f(x))
 
 
+class LoraLinear(nn.Module):
+    """A linear layer with a LoRA adapter left unmerged, as PEFT's ``lora.Linear`` runs one
+    loaded onto a base model: ``base(x) + B(A(dropout(x))) * alpha / rank``."""
+
+    def __init__(self, features, outputs, rank=8, alpha=16, dropout=0.05):
+        super().__init__()
+        self.base_layer = nn.Linear(features, outputs)
+        self.lora_A, self.lora_B = nn.Linear(features, rank, bias=False), nn.Linear(rank, outputs, bias=False)
+        nn.init.normal_(self.lora_B.weight, std=0.02)  # PEFT starts it at zero; trained, it is not
+        self.lora_dropout, self.scaling = nn.Dropout(dropout), alpha / rank
+
+    def forward(self, x):
+        return self.base_layer(x) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+
+
+class LoraEncoder(nn.Module):
+    """Two pre-LayerNorm encoder layers fine-tuned with LoRA on the query and value projections,
+    PEFT's default targets, the adapters not merged."""
+
+    def __init__(self, d=256, h=4, layers=2):
+        super().__init__()
+        self.h = h
+        self.layers = nn.ModuleList(nn.ModuleDict({
+            "n1": nn.LayerNorm(d), "q": LoraLinear(d, d), "k": nn.Linear(d, d), "v": LoraLinear(d, d), "o": nn.Linear(d, d),
+            "n2": nn.LayerNorm(d), "up": nn.Linear(d, 4 * d), "down": nn.Linear(4 * d, d),
+        }) for _ in range(layers))  # fmt: skip
+
+    def forward(self, x):
+        b, t, d = x.shape
+        for layer in self.layers:
+            y = layer["n1"](x)
+            q, k, v = (layer[n](y).view(b, t, self.h, d // self.h).transpose(1, 2) for n in ("q", "k", "v"))
+            attention = torch.softmax(q @ k.transpose(-1, -2) / (d // self.h) ** 0.5, -1) @ v
+            x = x + layer["o"](attention.transpose(1, 2).reshape(b, t, d))
+            x = x + layer["down"](F.gelu(layer["up"](layer["n2"](x))))
+        return x
+
+
 def _spec(build, shape, description, **settings) -> ModelSpec:
     return ModelSpec(build, shape, shape, description=description, **settings)
 
@@ -182,4 +221,5 @@ TORCH_NN: dict[str, ModelSpec] = {
     "batched_mlp": _spec(BatchedMLP, (16, 256), "MLP with Mish, Hardswish and log-softmax; batch 16"),
     "einsum_mixer": _spec(EinsumMixer, (2, 64, 16), "einsum against a weight tensor, cumsum over tokens; batch 2"),
     "vggish": _spec(VGGish, (4, 3, 32, 32), "VGG-style convolutions, ReLU6, adaptive pooling; batch 4"),
+    "lora_encoder": _spec(LoraEncoder, (1, 64, 256), "2 encoder layers with unmerged LoRA adapters (rank 8) on query and value"),
 }

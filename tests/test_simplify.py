@@ -280,6 +280,37 @@ def test_branches_that_are_read_elsewhere_or_of_other_inputs_stay_apart():
         assert op_histogram(after)["relax.nn.conv2d"] == 2 and report.applied("merge_summed_convolutions") == 0
 
 
+def test_a_lora_adapter_left_unmerged_becomes_one_matmul():
+    import torch
+
+    from collage.model.frontend import import_model
+    from experiments.torch_nn import LoraLinear
+
+    torch.manual_seed(0)
+    model, x = LoraLinear(64, 48, rank=4).eval(), torch.randn(2, 5, 64)
+    after, report = _simplify(import_model(model, example_inputs=x).mod)
+    assert op_histogram(after) == {"relax.matmul": 1, "relax.add": 1}
+    assert report.applied("merge_summed_matmuls") == 1
+    np.testing.assert_allclose(_run(after, [x.numpy()])[0], model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_low_rank_terms_alone_or_read_elsewhere_stay_apart():
+    def low_rank(bb, x, rank=4):
+        down = bb.emit(relax.op.matmul(x, relax.const(_random(64, rank))))
+        return bb.emit(relax.op.matmul(down, relax.const(_random(rank, 48))))
+
+    def two_low_rank(bb, x):  # 2 * 4 * (64 + 48) multiply-adds a row, where one matrix needs 64 * 48
+        return relax.op.add(low_rank(bb, x), low_rank(bb, x))
+
+    def read_elsewhere(bb, x):
+        base = bb.emit(relax.op.matmul(x, relax.const(_random(64, 48))))
+        return relax.Tuple([bb.emit(relax.op.add(base, low_rank(bb, x))), base])
+
+    for build, matmuls in ((two_low_rank, 4), (read_elsewhere, 3)):
+        after, report = _simplify(_module((5, 64), build))
+        assert op_histogram(after)["relax.matmul"] == matmuls and report.applied("merge_summed_matmuls") == 0
+
+
 # --------------------------------------------------------------------------- identities
 
 ZEROS, ONES = np.zeros((4,), "float32"), np.ones((4,), "float32")

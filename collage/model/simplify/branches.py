@@ -15,6 +15,13 @@ bias, a BatchNorm's shift). The result is again such a term, so a sum of four br
 in three iterations of the pipeline. A fold must not add work: the merged kernel has at
 most as many taps as the convolutions it replaces together (a 3x3 and a 1x3 fold; a 1x3 and a
 3x1 would become a 3x3, more multiply-adds than both, and stay).
+
+``merge_summed_matmuls`` does the same for linear layers: ``a + b`` where each side is
+``x @ W`` or a low-rank ``(x @ A) @ B`` of the same ``x``, each with an optional bias, is one
+``x @ (W + A B)``. That is a LoRA adapter left unmerged (PEFT's ``base(x) + B(A(x)) * s``,
+its scale already folded into ``B``), which every engine runs as three matmuls. The same
+rule holds: the merged matrix must cost no more multiply-adds than the terms (a LoRA beside
+its base layer always folds; two low-rank terms alone stay low-rank).
 """
 
 from __future__ import annotations
@@ -205,3 +212,119 @@ def _merge_summed_convolutions(matches: Matches, single_use: set) -> relax.Expr 
 
 
 MERGE_SUMMED_CONVOLUTIONS = PatternRewrite("merge_summed_convolutions", _SUM, _merge_summed_convolutions)
+
+
+@dataclass(frozen=True)
+class _MatmulTermPattern:
+    """One operand of a sum of linear layers: ``x @ W``, or ``(x @ A) @ B`` (as PyTorch's
+    importer writes a linear layer on a batch of rows, maybe between a flattening reshape of
+    ``x`` and one back), plus a constant on either side."""
+
+    full: DFPattern
+    full_data: DFPattern
+    weight: DFPattern
+    low_rank: DFPattern
+    down: DFPattern
+    down_data: DFPattern
+    flat: DFPattern
+    down_weight: DFPattern
+    up_weight: DFPattern
+    unflat: DFPattern
+    bias: DFPattern
+    bias_after: DFPattern
+    bias_before: DFPattern
+    term: DFPattern
+
+
+def _matmul_term_pattern() -> _MatmulTermPattern:
+    full_data, weight = wildcard(), is_const()
+    full = is_op("relax.matmul")(full_data, weight)
+    down_data, down_weight, up_weight = wildcard(), is_const(), is_const()
+    flat = is_op("relax.reshape")(down_data, wildcard())
+    down = is_op("relax.matmul")(flat | down_data, down_weight)
+    low_rank = is_op("relax.matmul")(down, up_weight)
+    unflat = is_op("relax.reshape")(low_rank, wildcard())
+    linear = unflat | low_rank | full  # the low-rank forms first: their outer matmul is also ``full``
+    bias = is_const()
+    bias_after, bias_before = is_op("relax.add")(linear, bias), is_op("relax.add")(bias, linear)
+    term = bias_after | bias_before | linear
+    return _MatmulTermPattern(full, full_data, weight, low_rank, down, down_data, flat, down_weight, up_weight, unflat,
+                              bias, bias_after, bias_before, term)  # fmt: skip
+
+
+_MM_LEFT, _MM_RIGHT = _matmul_term_pattern(), _matmul_term_pattern()
+_MM_SUM = is_op("relax.add")(_MM_LEFT.term, _MM_RIGHT.term)
+
+
+@dataclass(frozen=True)
+class _MatmulTerm:
+    """A term as its (inputs, outputs) matrix, what computing it costs per row, and its constant."""
+
+    data: relax.Expr
+    matrix: np.ndarray  # float64
+    multiply_adds: int  # per row of ``data``
+    output: relax.Expr  # the product, before the bias
+    bias: np.ndarray | None
+    reads: tuple[relax.Expr, ...]  # the values folded away: each must have no other reader
+
+
+def _same_rows(flat: relax.Call) -> bool:
+    """A reshape that only regroups the leading axes, each row (the last axis) kept whole."""
+    before, after = static_shape(flat.args[0]), static_shape(flat)
+    return before is not None and after is not None and before[-1:] == after[-1:]
+
+
+def _matmul_term(p: _MatmulTermPattern, matches: Matches) -> _MatmulTerm | None:
+    biased = next((b for b in (p.bias_after, p.bias_before) if b in matches), None)
+    bias = matches[p.bias].value.numpy() if biased is not None else None
+    reads = [matches[biased]] if biased is not None else []
+    if p.low_rank in matches:
+        down, up = (matches[w].value.numpy() for w in (p.down_weight, p.up_weight))
+        if down.ndim != 2 or up.ndim != 2 or down.shape[1] != up.shape[0] or down.dtype != up.dtype:
+            return None
+        if p.flat in matches and not _same_rows(matches[p.flat]):
+            return None  # a reshape that moves numbers between rows: not the rows of ``x``
+        output = matches[p.unflat] if p.unflat in matches else matches[p.low_rank]
+        reads += [matches[p.down], matches[p.low_rank], *([matches[p.unflat]] if p.unflat in matches else [])]
+        data, matrix = matches[p.down_data], down.astype(np.float64) @ up.astype(np.float64)
+        multiply_adds = down.shape[1] * (down.shape[0] + up.shape[1])
+        products = [matches[p.down], matches[p.low_rank]]
+    else:
+        weight = matches[p.weight].value.numpy()
+        if weight.ndim != 2:
+            return None  # a batch of matrices
+        output = matches[p.full]
+        reads.append(output)
+        data, matrix, multiply_adds, products = matches[p.full_data], weight.astype(np.float64), weight.size, [output]
+    dtype = str(output.ty.dtype)
+    if any(m.attrs.out_dtype is not None and str(m.attrs.out_dtype) not in ("", "void", dtype) for m in products):
+        return None  # a product accumulated in another type than its operands
+    return _MatmulTerm(data, matrix, multiply_adds, output, bias, tuple(reads))
+
+
+def _merge_summed_matmuls(matches: Matches, single_use: set) -> relax.Expr | None:
+    total = matches[_MM_SUM]
+    terms = [_matmul_term(p, matches) for p in (_MM_LEFT, _MM_RIGHT)]
+    if None in terms or not terms[0].data.same_as(terms[1].data):
+        return None
+    if terms[0].matrix.shape != terms[1].matrix.shape:
+        return None
+    if terms[0].matrix.size > sum(t.multiply_adds for t in terms):
+        return None  # two low-rank terms: merged, they would cost more than they do
+    if not all(read in single_use for t in terms for read in t.reads):
+        return None  # a branch read elsewhere stays, and folding it in would compute it twice
+    if not all(tvm_ffi.structural_equal(t.output.ty, total.ty) for t in terms):
+        return None  # a branch broadcast by the add: not a sum of like outputs
+    dtype = str(total.ty.dtype)
+    shape = static_shape(total)
+    biases = [t.bias for t in terms if t.bias is not None]
+    if shape is None or any(str(b.dtype) != dtype or list(np.broadcast_shapes(b.shape, shape)) != shape for b in biases):
+        return None  # a bias that broadcasts the sum further, or of another type
+    merged = relax.op.matmul(terms[0].data, relax.const((terms[0].matrix + terms[1].matrix).astype(dtype)))
+    if not biases:
+        return merged
+    bias = np.sum(np.broadcast_arrays(*(b.astype(np.float64) for b in biases)), axis=0)
+    return relax.op.add(merged, relax.const(bias.astype(dtype)))
+
+
+MERGE_SUMMED_MATMULS = PatternRewrite("merge_summed_matmuls", _MM_SUM, _merge_summed_matmuls)
