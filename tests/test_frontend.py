@@ -234,6 +234,35 @@ def test_a_program_that_computes_otherwise_than_its_module_is_imported_from_the_
     assert torch.equal(torch.random.get_rng_state(), state)
 
 
+class GuardsOnValues(torch.nn.Module):
+    """A branch on its input's values, as EnCodec's padding checks its input's length against
+    a maximum it computes: ``torch.export`` cannot guard on data; torch's ONNX exporter traces
+    the branch taken."""
+
+    def forward(self, x):
+        return x * 0.0 if x.abs().max() > 100 else x * 3.0
+
+
+class Unimportable(torch.nn.Module):
+    def forward(self, x):
+        return torch.histc(x, bins=4)  # neither TVM's importer nor ONNX has it
+
+
+def test_a_module_torch_export_cannot_take_is_imported_from_its_onnx_export_or_is_one_line():
+    x = torch.randn(2, 5)
+    imported = import_model(GuardsOnValues().eval(), example_inputs=x)
+    assert imported.program is None and imported.onnx_model is not None
+    assert imported.program_note.startswith("torch.export cannot export the module: ")
+    assert imported.program_note.endswith("imported from torch's ONNX export, which agrees with the module")
+    vm = tvm.relax.VirtualMachine(tvm.compile(imported.mod, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy()))
+    np.testing.assert_allclose((got if hasattr(got, "numpy") else got[0]).numpy(), x.numpy() * 3.0, rtol=1e-6)
+    with pytest.raises(ModelImportError, match="^TVM's PyTorch importer cannot import it: .*, and there is no ONNX "
+                                               "export to import instead \\(torch.onnx.export cannot export") as raised:
+        import_model(Unimportable().eval(), example_inputs=x)
+    assert "\n" not in str(raised.value)
+
+
 class OneHotBlocks(torch.nn.Module):
     """Block ids the module computes from a mask of ones it makes itself, one-hot: LongT5's
     transient-global attention. ``one_hot`` checks its class values at run time."""
