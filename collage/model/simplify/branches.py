@@ -320,6 +320,9 @@ def _merge_summed_matmuls(matches: Matches, single_use: set) -> relax.Expr | Non
     biases = [t.bias for t in terms if t.bias is not None]
     if shape is None or any(str(b.dtype) != dtype or list(np.broadcast_shapes(b.shape, shape)) != shape for b in biases):
         return None  # a bias that broadcasts the sum further, or of another type
+    rows = static_shape(terms[0].data)
+    if rows is None or [*rows[:-1], terms[0].matrix.shape[1]] != shape:
+        return None  # the reshapes around a product regrouped its rows otherwise than ``x``'s
     merged = relax.op.matmul(terms[0].data, relax.const((terms[0].matrix + terms[1].matrix).astype(dtype)))
     if not biases:
         return merged
