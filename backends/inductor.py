@@ -1,5 +1,5 @@
 """PyTorch's inductor (``torch.compile``): a whole-graph compiler on the GPU, in TensorRT's place,
-and on the CPU the whole model: the user's own module compiled whole, or collage's conversion.
+and on the CPU the user's own module compiled whole.
 
 A candidate becomes a ``torch.fx`` graph of ATen ops (``collage.candidates.fx_convert``),
 compiled by ``torch.compile`` (inductor: Triton kernels for what it fuses, cuDNN and cuBLAS
@@ -11,15 +11,12 @@ over a PyTorch module, ``torch.compile`` of that very module is a finalist too
 each is compiled at ``compile`` time, with inputs of the right shapes, so no compile ever
 falls inside a CUDA graph's capture.
 
-On the CPU it offers one candidate (``candidates_on``): the whole model, as the ONNX engines
-are offered alone, besides the user's module compiled whole. Each candidate is seconds of
-C++ compile there (Mamba's whole graph 36 s on a 2-core Zen 4), so no regions or parts. The
-whole model is what a Relax module or ONNX file needs to be never slower than
-``torch.compile`` of the module it came from where inductor's fusions win: DAC's Snake
-activations and Falcon-H1's Mamba-2 heads ran 0.84x and 0.80x of ``torch.compile`` without it
-(stop 72). The user's module is kept too: transformers' Mamba takes its associative scan only
-under ``torch.compile``, never when exported, and ran in 1.15 ms against 1.75 for its
-exported program compiled alike (same process, 2 threads).
+On the CPU it offers no candidates (``candidates_on``), only the user's module compiled
+whole: each candidate is seconds of C++ compile there (Mamba's whole graph 36 s on a 2-core
+Zen 4), and on collage's graph its kernels were no faster than the engines' (Mamba: 3.5-3.7
+ms against OpenVINO's 3.4). The user's module is another matter: transformers' Mamba takes
+its associative scan only under ``torch.compile``, never when exported, and ran in 1.15 ms
+against 1.75 for its exported program compiled alike (same process, 2 threads).
 
 Compiled ahead of time: candidates go through AOTInductor, which writes a
 package (``.pt2``: the generated kernels and a C++ wrapper, weights inside) that any process

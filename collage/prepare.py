@@ -9,7 +9,7 @@ import functools
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -101,10 +101,6 @@ def prepare_model(
     calibration = checked_calibration(original["main"], calibration)
     asked = backend_set(backends)
     usable, excluded = asked.usable(config.target)
-    if program is not None:
-        # Where a backend offers the whole model only, the user's module compiled whole is that
-        # candidate as its users run it: its conversion would be a second compile of the same.
-        usable = [replace(b, rules=()) if b.whole_model_only and b.compile_program is not None else b for b in usable]
     if not any(b.name == REFERENCE_BACKEND for b in usable):
         raise OptimizeError("the 'tvm' backend must be among the backends: it is the fallback for every operator")
     log = cost_log if isinstance(cost_log, CostLog) else CostLog(cost_log)

@@ -125,8 +125,7 @@ class Backend:
     compile_cache: bool = False  # its compiles leave an on-disk cache another process's compile hits
     prepare: Callable[[str], None] | None = None  # for compile_cache: their common set-up, started beside them
     spins_after_calls: bool = False  # its threads keep their cores a while after a kernel returns
-    candidates_on: tuple[str, ...] | None = None  # where it offers every candidate; elsewhere the whole model's only
-    whole_model_only: bool = False  # as ``serving`` a target outside ``candidates_on``: no kernels, regions or parts
+    candidates_on: tuple[str, ...] | None = None  # where it offers candidates; elsewhere whole programs only
 
     def __post_init__(self):
         if self.kind not in (OP_LEVEL, GRAPH_LEVEL):
@@ -146,13 +145,11 @@ class Backend:
         return self.precisions(target) if self.precisions is not None else ()
 
     def serving(self, target: str) -> Backend:
-        """This backend as it serves ``target``: where it offers candidates elsewhere only
-        (``candidates_on``), its whole-model candidate alone (its conversion of the model,
-        when every op converts; an engine alone, as the ONNX engines are), beside the user's
-        program or file it runs whole."""
+        """This backend as it serves ``target``: without patterns and rules where it offers
+        no candidates there (``candidates_on``)."""
         if self.candidates_on is None or target in self.candidates_on:
             return self
-        return replace(self, patterns=(), whole_model_only=True)
+        return replace(self, patterns=(), rules=())
 
     def unavailable_reason(self, target: str) -> str | None:
         """Why this backend cannot run ``target`` on this machine, or None when it can."""

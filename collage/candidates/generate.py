@@ -244,8 +244,7 @@ def generate(graph: DataflowGraph, backends: Iterable, capped: dict[str, int] | 
     """All candidates of ``backends`` (Backend records) on ``graph``, in a stable order:
     pattern matches, groups grown by rules and, for inference engines (graph-level
     backends), their rules' largest regions (pattern name ``<backend>.region``) and those
-    regions' parts at single-tensor cuts (``<backend>.part``); of a backend serving a target
-    with its whole model only (``Backend.whole_model_only``), that region alone. ``capped`` gains, for each
+    regions' parts at single-tensor cuts (``<backend>.part``). ``capped`` gains, for each
     rule, how many seeds stopped growing at ``grow_rule``'s cap with groups left to grow."""
     found: dict[tuple[str, str, frozenset[int]], Candidate] = {}
     for backend in backends:
@@ -253,12 +252,6 @@ def generate(graph: DataflowGraph, backends: Iterable, capped: dict[str, int] | 
             for sub in match_pattern(graph, pattern):
                 found.setdefault((backend.name, pattern.name, sub.nodes), Candidate(sub, backend.name, pattern.name))
         for rule in backend.rules:
-            if backend.whole_model_only:  # its one region that is the whole model, if it has one
-                name = f"{backend.name}{REGION_SUFFIX}"
-                for sub in regions(graph, rule) if backend.kind == GRAPH_LEVEL else ():
-                    if len(sub) == len(graph):
-                        found.setdefault((backend.name, name, sub.nodes), Candidate(sub, backend.name, name))
-                continue
             for sub in grow_rule(graph, rule, capped):
                 found.setdefault((backend.name, rule.name, sub.nodes), Candidate(sub, backend.name, rule.name))
             if backend.kind == GRAPH_LEVEL:
