@@ -180,7 +180,11 @@ def _merged(terms: list[_Term], conv: relax.Call) -> relax.Expr | None:
     merged = make(terms[0].data, relax.const(weight, str(weight.dtype)), strides=attrs.strides, padding=padding,
                   dilation=attrs.dilation, groups=attrs.groups, data_layout=attrs.data_layout,
                   kernel_layout=layout, out_layout=attrs.out_layout, out_dtype=attrs.out_dtype)  # fmt: skip
-    biases = [t.bias for t in terms if t.bias is not None]
+    return _plus_biases(merged, [t.bias for t in terms if t.bias is not None], dtype)
+
+
+def _plus_biases(merged: relax.Expr, biases: list[np.ndarray], dtype) -> relax.Expr:
+    """``merged`` plus the terms' constants, summed in double and rounded once."""
     if not biases:
         return merged
     bias = np.sum(np.broadcast_arrays(*(b.astype(np.float64) for b in biases)), axis=0)
@@ -324,10 +328,7 @@ def _merge_summed_matmuls(matches: Matches, single_use: set) -> relax.Expr | Non
     if rows is None or [*rows[:-1], terms[0].matrix.shape[1]] != shape:
         return None  # the reshapes around a product regrouped its rows otherwise than ``x``'s
     merged = relax.op.matmul(terms[0].data, relax.const((terms[0].matrix + terms[1].matrix).astype(dtype)))
-    if not biases:
-        return merged
-    bias = np.sum(np.broadcast_arrays(*(b.astype(np.float64) for b in biases)), axis=0)
-    return relax.op.add(merged, relax.const(bias.astype(dtype)))
+    return _plus_biases(merged, biases, dtype)
 
 
 MERGE_SUMMED_MATMULS = PatternRewrite("merge_summed_matmuls", _MM_SUM, _merge_summed_matmuls)
