@@ -8,11 +8,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from collage.candidates.onnx_convert import to_onnx
-from collage.measuring.build import run_reference
-from collage.model.frontend import ModelImportError, import_model
+from collage.measuring.arrays import numpy_outputs, to_tensors
+from collage.measuring.build import reference_vm, run_reference
+from collage.model.frontend import ModelImportError, export_onnx, import_model
 from collage.model.simplify import simplify
 
 STEPS, BATCH, INPUT, HIDDEN = 4, 2, 5, 3
@@ -95,3 +97,27 @@ def test_the_engines_get_the_layer_back_as_one_node(case):
 def test_a_layer_of_other_settings_is_left_to_the_importer_which_names_it():
     with pytest.raises(ModelImportError, match=r"does not support operator\(s\) GRU$"):
         import_model(recurrent_model("GRU", clip=1.0))
+
+
+
+class PaddedLSTM(torch.nn.Module):
+    """Two layers fed a sequence padded to whole frames, the padding computed from the
+    input's length as EnCodec's encoder computes it: torch's ONNX export writes that
+    arithmetic as operators, and the layers' input has no static shape until they are folded."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(INPUT, HIDDEN, num_layers=2)
+
+    def forward(self, x):  # (batch, channels, samples)
+        frames = torch.ceil(torch.tensor(x.shape[-1], dtype=torch.float32) / 4).to(torch.int64)
+        x = torch.nn.functional.pad(x, (0, int(frames * 4 - x.shape[-1])))
+        return self.lstm(x.permute(2, 0, 1))[0]
+
+
+def test_a_layer_whose_length_the_model_computes_from_its_input_is_written_out_too():
+    module, x = PaddedLSTM().eval(), torch.randn(BATCH, INPUT, 7)
+    exported, _ = export_onnx(module, x)
+    assert Counter(n.op_type for n in exported.graph.node)["LSTM"] == 2
+    got = numpy_outputs(reference_vm(import_model(exported).mod)["main"](*to_tensors([x.numpy()])))
+    np.testing.assert_allclose(got[0], module(x).detach().numpy(), rtol=1e-5, atol=1e-5)

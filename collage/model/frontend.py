@@ -311,9 +311,10 @@ def _import_onnx(path: Path, model, shapes) -> tvm.IRModule:
     try:
         try:
             return _from_onnx(model, shapes)
-        except tvm.error.OpNotImplemented:
-            raise
         except Exception as first:  # noqa: BLE001 -- perhaps what a clean-up makes importable
+            # An operator the importer lacks too: a recurrent layer is written out only with
+            # static shapes, and EnCodec's LSTMs read a length computed from its input's shape,
+            # which the clean-up's constant folding makes static.
             try:
                 return _from_onnx(cleaned_up(model), shapes)
             except Exception:  # noqa: BLE001 -- the clean-up did not help: report the first error
