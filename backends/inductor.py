@@ -331,17 +331,24 @@ def compile_program(program, main, target: str, threads: int, precision: str = F
         try:
             return _compiled_whole(module, main, device, precision)
         except Exception as err:  # noqa: BLE001 -- a graph break, or what inductor fails on: the program, as exported
+            if program is None and device == "cpu":
+                # torch.export could not export the module either (EnCodec's padding guards on
+                # a value it computes): compiled as torch.compile's default compiles it, its
+                # graph breaks run by Python, which on CUDA would break the kernel's graph.
+                return _compiled_whole(module, main, device, precision, fullgraph=False)
+            if program is None:
+                raise
             warnings.warn(f"inductor: torch.compile cannot take the PyTorch module whole ({type(err).__name__}: "
                           f"{first_line(err)}); its torch.export program is compiled instead", stacklevel=2)  # fmt: skip
     return _compiled_whole(program.module(), main, device, precision)
 
 
-def _compiled_whole(module, main, device: str, precision: str):
+def _compiled_whole(module, main, device: str, precision: str, fullgraph: bool = True):
     import torch
 
     if device != "cpu":  # Module.to moves parameters in place, and these are the user's module's own
         module = copy.deepcopy(module).to(device)
-    return _kernel(torch.compile(module, fullgraph=True, dynamic=False), main, device, precision)
+    return _kernel(torch.compile(module, fullgraph=fullgraph, dynamic=False), main, device, precision)
 
 
 def _device(target: str) -> str:

@@ -61,7 +61,7 @@ from .placing.substitute import DEFAULT_RULES as SUBSTITUTIONS
 from .placing.substitute import SearchResult
 from .placing.substitute import search_in_pieces as search_substitutions
 from .placing.substitute.placement_cost import PlacementCost
-from .record import (KERNELS_ONLY, OP_LEVEL, OP_LEVEL_REDUCED, SAVED, SUBSTITUTED, UNPLACED, FinalistKind,
+from .record import (AS_GIVEN, KERNELS_ONLY, OP_LEVEL, OP_LEVEL_REDUCED, SAVED, SUBSTITUTED, UNPLACED, FinalistKind,
                      FinalistName, FinalistResult, RunRecord)
 
 
@@ -198,6 +198,9 @@ def optimize_with(
     record.calibration_sets = len(model.calibration)
     original, prepared, usable, backend_set, log = model.original, model.prepared, model.usable, model.backends, model.log
     record.simplify_failed, record.rewritten = model.simplify_failed, model.rewritten
+    if imported.not_imported is not None:
+        record.not_imported, record.chosen = imported.not_imported, AS_GIVEN
+        return _unplaced(model, config, record, started, engines=True)
     try:
         graph = dataflow_graph(prepared)
     except Unplaceable as err:
@@ -292,7 +295,7 @@ def optimize_with(
         with _seconds_into(record.assembled_s, "the engines on the ONNX file"):
             finalists.update(policy.engines_on_file(original, graph, usable, model.onnx_model, reference, config,
                                                     offered, record.left_out))  # fmt: skip
-    if model.program is not None:
+    if model.program is not None or model.module is not None:
         with _seconds_into(record.assembled_s, "the engines on the PyTorch module"):
             finalists.update(policy.engines_on_program(original, graph, usable, model.program, model.module, reference,
                                                        config, offered, record.left_out))  # fmt: skip
@@ -455,13 +458,29 @@ def load_placement(
     return _optimized_module(model, config, kept, measured, record, started)
 
 
-def _unplaced(model: Model, config: Config, record: RunRecord, started: float) -> OptimizedModule:
+def _unplaced(model: Model, config: Config, record: RunRecord, started: float, engines: bool = False) -> OptimizedModule:
     """A model with nothing to place, checked and timed as a finalist, as TVM alone runs it
-    (on the fleet's device, when the model is optimized for another)."""
+    (on the fleet's device, when the model is optimized for another); with ``engines`` (a model
+    TVM could not import, whose module stands in for it: ``model.as_given``), timed against
+    each engine running the user's file or module whole, the fastest kept."""
     kept = as_tvm_runs_it(model.original, model.prepared, model.reference, config.target)
-    finalists = {UNPLACED: kept}
-    measured = _race(finalists, module=kept.assembly.module, model=model, config=config, meter=None, record=record)
-    return _optimized_module(model, config, finalists[UNPLACED], measured.costs[UNPLACED], record, started)
+    finalists, simplicity = {record.chosen: kept}, {record.chosen: kept.simplicity}
+    if engines:
+        graph = dataflow_graph(model.original)
+        finalists |= policy.engines_on_file(model.original, graph, model.usable, model.onnx_model, model.reference,
+                                            config, {}, record.left_out) if model.onnx_model is not None else {}
+        finalists |= policy.engines_on_program(model.original, graph, model.usable, None, model.module, model.reference,
+                                               config, {}, record.left_out) if model.module is not None else {}
+        if model.module is None and len(finalists) > 1:
+            del finalists[record.chosen]  # the file unoptimized: where no engine runs it, and only there
+        # A PyTorch module as given is PyTorch's kernels, one library as an engine's are, and
+        # raced as its users run it; no simpler than an engine, and it does not export.
+        simplicity = {name: f.simplicity for name, f in finalists.items()} | {record.chosen: (1, 1, 0)}
+    timed = _race(finalists, module=kept.assembly.module, model=model, config=config, meter=None, record=record)
+    record.chosen, record.tie = choose(timed.costs, {name: simplicity[name] for name in finalists}, config.objective,
+                                       timed.race)  # fmt: skip
+    record.finalists = {name: FinalistResult(f.estimated_ms, timed.costs[name]) for name, f in finalists.items()}
+    return _optimized_module(model, config, finalists[record.chosen], timed.costs[record.chosen], record, started)
 
 
 def _race(finalists: dict[FinalistName, Finalist], steps: dict | None = None, module: tvm.IRModule | None = None, *,

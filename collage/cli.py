@@ -211,7 +211,6 @@ def _log_argument(p: argparse.ArgumentParser) -> None:
 def optimize_command(args) -> int:
     from .api import optimize_with
     from .config import Config
-    from .model.frontend import load_onnx
     from .measuring.runner import InProcess
     from .deploying.saved import save_placement
 
@@ -231,13 +230,16 @@ def optimize_command(args) -> int:
         progress=not args.quiet, runner=runner, accuracy=args.accuracy, **extra,
     )  # fmt: skip
     _check_picture(args.draw)  # before the minutes of optimizing, not after
-    mod = load_onnx(args.model, shapes)
-    # The file goes along: each inference engine also runs it whole, as its users would.
+    # The file itself: each inference engine also runs it whole, as its users would, and where
+    # TVM cannot import it, they alone do.
     calibration = [_input_set(path) for path in args.calibration or ()]
-    opt = optimize_with(config, mod, backends, args.log, onnx_model=args.model, calibration=calibration or None)
+    opt = optimize_with(config, args.model, backends, args.log, shapes=shapes, calibration=calibration or None)
     print(opt.report())
     made_for = f" (for {opt.optimized_for})" if opt.record.optimized_for is not None else ""
-    print(f"\nplacement written to {save_placement(opt, args.out)}{made_for}")
+    if opt.record.not_imported is None:
+        print(f"\nplacement written to {save_placement(opt, args.out)}{made_for}")
+    else:
+        print("\nno placement written: a placement file places what TVM imports (--export writes the module)")
     if args.export is not None:
         print(f"module exported to {opt.export(args.export)}")
     if args.draw is not None:

@@ -32,6 +32,7 @@ class FinalistKind(enum.Enum):
     ENGINE_ON_PROGRAM = "on the PyTorch module"  # one engine compiling the user's own PyTorch module
     GRAPH_LEVEL = "graph-level"  # a leader of the graph-level search
     UNPLACED = "the whole model on tvm, unplaced"  # nothing to place: TVM runs it as it is
+    AS_GIVEN = "the model as given"  # TVM cannot import it: PyTorch or ONNX Runtime runs it unoptimized
     SAVED = "placement"  # a saved placement, rebuilt
 
 
@@ -59,6 +60,7 @@ OP_LEVEL_REDUCED = FinalistName(FinalistKind.OP_LEVEL_REDUCED)
 KERNELS_ONLY = FinalistName(FinalistKind.KERNELS_ONLY)
 SUBSTITUTED = FinalistName(FinalistKind.SUBSTITUTED)
 UNPLACED = FinalistName(FinalistKind.UNPLACED)
+AS_GIVEN = FinalistName(FinalistKind.AS_GIVEN)
 SAVED = FinalistName(FinalistKind.SAVED)
 
 
@@ -102,6 +104,7 @@ class RunRecord:
     rewritten: list[str] = field(default_factory=list)  # what of the model was written otherwise before placing, and why
     unplaced: str | None = None  # why nothing could be placed (TVM then runs the model)
     unplaced_hash: str | None = None  # the structural hash of that model, for its saved record
+    not_imported: str | None = None  # why TVM cannot import the model, which then runs whole (``model.as_given``)
     cuda_graph_off: str | None = None  # on CUDA: why the kept module runs without CUDA graphs
     candidates: int = 0
     distinct: int = 0  # candidates with distinct log keys

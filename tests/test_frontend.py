@@ -38,7 +38,7 @@ def test_an_onnx_file_or_modelproto_imports_and_is_kept_for_the_engines(tmp_path
         assert isinstance(mod, tvm.IRModule) and imported.onnx_model == proto and imported.program is None
     assert import_model(proto).onnx_model is proto
     relax_mod = mod
-    assert import_model(relax_mod) == (relax_mod, None, None, None, None, None)
+    assert import_model(relax_mod) == (relax_mod, None, None, None, None, None, None)
 
 
 def test_an_onnx_model_cleaned_up_to_import_computes_what_it_did(tmp_path):
@@ -257,10 +257,41 @@ def test_a_module_torch_export_cannot_take_is_imported_from_its_onnx_export_or_i
     vm = tvm.relax.VirtualMachine(tvm.compile(imported.mod, target="llvm"), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x.numpy()))
     np.testing.assert_allclose((got if hasattr(got, "numpy") else got[0]).numpy(), x.numpy() * 3.0, rtol=1e-6)
-    with pytest.raises(ModelImportError, match="^TVM's PyTorch importer cannot import it: .*, and there is no ONNX "
-                                               "export to import instead \\(torch.onnx.export cannot export") as raised:
-        import_model(Unimportable().eval(), example_inputs=x)
-    assert "\n" not in str(raised.value)
+
+
+def test_a_model_tvm_cannot_import_runs_whole_on_the_engines_or_as_given(tmp_path):
+    # Neither TVM's importers nor ONNX have histc: the module stands in for itself, run by PyTorch.
+    x = torch.randn(2, 5)
+    imported = import_model(Unimportable().eval(), example_inputs=x)
+    assert re.match(r"TVM's PyTorch importer cannot import it: .*, and there is no ONNX export to import instead "
+                    r"\(torch.onnx.export cannot export", imported.not_imported)  # fmt: skip
+    assert imported.onnx_model is None and isinstance(imported.module, Unimportable)
+    opt = collage.optimize(Unimportable().eval(), example_inputs=x, backends=["tvm", "onnxruntime"],
+                           cost_log=tmp_path / "c.sqlite", timing=FAST, progress=False)  # fmt: skip
+    assert opt.record.chosen == FinalistName(FinalistKind.AS_GIVEN) and opt.placement == []
+    np.testing.assert_allclose(opt(x.numpy()), torch.histc(x, bins=4).numpy())
+    assert "TVM cannot import the model (TVM's PyTorch importer cannot import it" in opt.report()
+    assert "): it runs as given" in opt.report()
+    with pytest.raises(collage.ExportError, match="runs the model as given, in this process only"):
+        opt.export(tmp_path / "export")
+    # An ONNX operator TVM's importer lacks: ONNX Runtime runs the file, which is what a user would do.
+    model = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Celu", ["x"], ["y"], alpha=0.5)], "celu",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (2, 5))],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, (2, 5))],
+    ), opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=10)  # fmt: skip
+    opt = collage.optimize(model, backends=["tvm", "onnxruntime"], cost_log=tmp_path / "c.sqlite", timing=FAST,
+                           progress=False)  # fmt: skip
+    assert opt.record.not_imported == "the ONNX model: TVM's ONNX importer does not support operator(s) Celu"
+    assert set(map(str, opt.record.finalists)) == {"onnxruntime on the ONNX file"}  # the file unoptimized: a fallback only
+    celu = np.where(x.numpy() > 0, x.numpy(), 0.5 * (np.exp(x.numpy() / 0.5) - 1))
+    np.testing.assert_allclose(opt(x.numpy()), celu, rtol=1e-5, atol=1e-6)
+    with pytest.raises(collage.PlacementFileError, match="TVM cannot import this model"):
+        opt.save_placement(tmp_path / "p.json")
+    # Without static inputs nothing can stand in for it: the importer's line, and why.
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    with pytest.raises(ModelImportError, match=r"Celu; nor can the model run as given: input x has a dynamic shape"):
+        import_model(model)
 
 
 class OneHotBlocks(torch.nn.Module):

@@ -15,7 +15,8 @@
     kernels/K.pt2     the user's PyTorch program (``torch.export.save``) an engine compiles
                       whole (inductor), in place of ``main``
     kernels/K.module.pt  the user's module it was exported from (``torch.save``), which that
-                      engine compiles instead where it loads (its class importable here)
+                      engine compiles instead where it loads (its class importable here);
+                      the kernel's only file where ``torch.export`` could not export it
     main.json         where ``main`` is one engine's kernel: that ``main`` (TVM's JSON), so
                       the loaded module calls the kernel without the VM, as ``opt(x)`` does
 
@@ -53,6 +54,7 @@ from ..measuring.cost import Device
 from ..measuring.build import compile_kernel, compile_module, compile_onnx_kernel, compile_program_kernel, device_for
 from ..measuring.arrays import random_array, static_shape, to_tensors
 from ..measuring.threads import pin_threads
+from ..model import as_given
 from .saved import placement_record
 
 FORMAT = "collage-export"
@@ -81,8 +83,11 @@ def export(opt, path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ExportError(f"{path}: exists and is not a directory")
-    (path / KERNELS).mkdir(parents=True, exist_ok=True)
     assembly = opt.assembly
+    if as_given.stand_in_of(assembly.module) is not None:
+        raise ExportError(f"{path}: the optimized module runs the model as given, in this process only, since "
+                          f"{opt.record.not_imported}; an engine running it whole would export")  # fmt: skip
+    (path / KERNELS).mkdir(parents=True, exist_ok=True)
     kernels = []
     for k, (partition, name, _) in enumerate(assembly.kernels):
         source, module_file = assembly.sources[name], None
@@ -95,6 +100,11 @@ def export(opt, path: str | os.PathLike) -> Path:
             file = f"{KERNELS}/{k}.pt2"
             torch.export.save(source.program, path / file)
             module_file = _saved_module(source.module, path / f"{KERNELS}/{k}.module.pt")
+        elif source.module is not None:  # a module torch.export cannot export: the module alone
+            file = _saved_module(source.module, path / f"{KERNELS}/{k}.module.pt")
+            if file is None:
+                raise ExportError(f"{path}: {source.backend} compiles the PyTorch module whole, which neither "
+                                  "pickles nor exports (torch.export): an export cannot hold it")  # fmt: skip
         elif onnx_model is not None:
             file = f"{KERNELS}/{k}.onnx"
             (path / file).write_bytes(onnx_model.SerializeToString())
@@ -326,14 +336,18 @@ def _kernel(entry: dict, backends: BackendSet, target: str, threads: int, path: 
 
         kernel, reason = compile_onnx_kernel(backend, onnx.load(file), target, threads, entry["alone"],
                                              entry.get("precision", FLOAT32), entry.get("beside_spinning", False))
-    elif file.suffix == ".pt2":  # the user's PyTorch program, compiled whole in place of main
+    elif file.suffix in (".pt2", ".pt"):  # the user's PyTorch program, or module, compiled whole in place of main
         import torch
 
         if not (path / MAIN).is_file():
             raise ExportError(f"{path}: the export lacks {MAIN}, the main its kernel {entry['name']} replaces")
         main = tvm.ir.load_json((path / MAIN).read_text())
         module = _loaded_module(path / entry["module"]) if "module" in entry else None
-        kernel, reason = compile_program_kernel(backend, torch.export.load(file), main, target, threads,
+        program = torch.export.load(file) if file.suffix == ".pt2" else None
+        if program is None and (module := _loaded_module(file)) is None:
+            raise ExportError(f"{path}: the PyTorch module of kernel {entry['name']} does not load here, and the "
+                              "export holds no program of it")  # fmt: skip
+        kernel, reason = compile_program_kernel(backend, program, main, target, threads,
                                                 entry.get("precision", FLOAT32), module)  # fmt: skip
     else:
         func = tvm.ir.load_json(file.read_text())

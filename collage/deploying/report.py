@@ -8,7 +8,7 @@ from typing import NamedTuple
 from ..candidates.precision import FLOAT32, short
 from ..choosing.finalists import MAX_OTHERS_BUSY
 from ..measuring.timing import CEILING_FLOOR_MS
-from ..record import OP_LEVEL, FinalistKind, FinalistName, FinalistResult, RunRecord
+from ..record import AS_GIVEN, OP_LEVEL, FinalistKind, FinalistName, FinalistResult, RunRecord
 
 MAX_OPS_SHOWN = 4
 # A TVM partition taking more than this share of the model's time, untuned, is worth a warning.
@@ -173,6 +173,9 @@ def format_report(opt) -> str:
             lines[2:2] = ["  (the graph-level search timed the placements it tried here; its leaders raced there)"]
     if r.unplaced is not None:
         lines.append(f"    nothing placed: {r.unplaced}; the whole model runs on tvm, as TVM alone runs it")
+    if r.not_imported is not None:
+        runs = "it runs as given" if r.chosen == AS_GIVEN else "an engine runs it whole"
+        lines.append(f"    TVM cannot import the model ({r.not_imported}): {runs}")
     for k, p in enumerate(parts):
         cost = "-" if math.isnan(p.cost_ms) else f"{p.cost_ms:9.4f}"
         pattern = p.pattern if p.candidate.precision == FLOAT32 else f"{p.pattern} [{precision_text(p)}]"

@@ -103,6 +103,9 @@ class SavedPlacement:
 def save_placement(opt: OptimizedModule, path: str | os.PathLike) -> Path:
     """Write ``opt``'s placement to ``path`` as JSON; returns the path."""
     path = Path(path)
+    if opt.record.not_imported is not None:
+        raise PlacementFileError(f"{path}: a placement file places a Relax module, and TVM cannot import this model "
+                                 f"({opt.record.not_imported}); export the optimized module instead (opt.export)")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(placement_record(opt).to_json(), indent=1) + "\n")
     return path

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import tvm
 
 from ..errors import first_line
+from . import as_given
 
 # The ONNX opset and IR version collage writes, its own conversion and a torch module's export
 # alike, which every engine here loads: onnx writes IR 14 by default, ONNX Runtime 1.31 loads at
@@ -32,6 +33,11 @@ IR_VERSION = 10
 
 class ModelImportError(Exception):
     """The model file cannot be imported; the message names the file and the reason."""
+
+
+class ImporterError(ModelImportError):
+    """TVM's importer cannot import a well-formed model: the engines may still run it whole
+    (``collage.model.as_given``)."""
 
 
 class ProgramImportError(ModelImportError):
@@ -46,6 +52,7 @@ class Imported(NamedTuple):
     program: object | None = None  # a PyTorch module's torch.export program, for an engine that compiles it whole
     program_note: str | None = None  # why a PyTorch module was imported from its ONNX export instead of that program
     module: object | None = None  # the user's torch.nn.Module that program exports, for an engine to compile as its users do
+    not_imported: str | None = None  # why TVM cannot import the model, which ``mod`` then stands in for (``as_given``)
 
 
 def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]] | None = None) -> Imported:
@@ -65,7 +72,10 @@ def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]]
         if example_inputs is not None:
             raise ModelImportError("example_inputs are for a PyTorch module; an ONNX model's dynamic inputs take shapes=")
         label, proto = _read_onnx(model)  # read once: the engines run the same model whole
-        return Imported(_import_onnx(label, proto, shapes), proto)
+        try:
+            return Imported(_import_onnx(label, proto, shapes), proto)
+        except ImporterError as err:
+            return Imported(_standing_in(err, as_given.of_onnx, proto, shapes), proto, not_imported=str(err))
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
         if shapes:
@@ -82,12 +92,30 @@ def import_model(model, example_inputs=None, shapes: Mapping[str, Sequence[int]]
         except ProgramImportError as err:  # EnCodec's padding guards on its input's values; torch's ONNX exporter traces it
             exported, note = export_onnx(model, example_inputs)
             why, expected = str(err), _outputs(_callable(model), inputs)
-        return Imported(_from_agreeing_export(exported, note, inputs, why, expected), exported, note, None,
-                        f"{why}; imported from torch's ONNX export, which agrees with the module")  # fmt: skip
+        module = model if isinstance(model, torch.nn.Module) else None  # inductor compiles it whole all the same
+        try:
+            mod = _from_agreeing_export(exported, note, inputs, why, expected)
+        except ImporterError as err:  # the export agrees, and the engines run it: only TVM cannot
+            return Imported(_standing_in(err, as_given.of_torch, _callable(model), inputs), exported, note, None,
+                            why, module, not_imported=str(err))  # fmt: skip
+        except ModelImportError as err:  # no faithful export: inductor may still compile the module
+            return Imported(_standing_in(err, as_given.of_torch, _callable(model), inputs), None, note, None,
+                            why, module, not_imported=str(err))  # fmt: skip
+        return Imported(mod, exported, note, None, f"{why}; imported from torch's ONNX export, which agrees with the module",
+                        module)  # fmt: skip
     raise ModelImportError(
         f"cannot optimize a {type(model).__name__}: collage takes a Relax tvm.IRModule, an ONNX model (a file "
         "or an onnx.ModelProto) or a PyTorch module (torch.nn.Module with example_inputs)"
     )
+
+
+def _standing_in(err: ModelImportError, stand_in, *args) -> tvm.IRModule:
+    """``stand_in(*args)``: the model as given (``as_given``), or ``err`` where its signature
+    is not static."""
+    try:
+        return stand_in(*args)
+    except as_given.NoStandIn as why:
+        raise ModelImportError(f"{err}; nor can the model run as given: {why}") from None
 
 
 def with_shapes(mod: tvm.IRModule, shapes: Mapping[str, Sequence[int]]) -> tvm.IRModule:
@@ -322,9 +350,9 @@ def _import_onnx(path: Path, model, shapes) -> tvm.IRModule:
     except tvm.error.OpNotImplemented as err:
         # TVM's message: "The following operators are not supported for frontend ONNX: A, B"
         ops = str(err).strip().rpartition(": ")[2]
-        raise ModelImportError(f"{path}: TVM's ONNX importer does not support operator(s) {ops}") from None
+        raise ImporterError(f"{path}: TVM's ONNX importer does not support operator(s) {ops}") from None
     except Exception as err:  # noqa: BLE001 -- the importer's own errors share no type
-        raise ModelImportError(f"{path}: TVM cannot import it: {type(err).__name__}: {first_line(err)}") from None
+        raise ImporterError(f"{path}: TVM cannot import it: {type(err).__name__}: {first_line(err)}") from None
 
 
 def _from_onnx(model, shapes):
