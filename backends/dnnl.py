@@ -1,9 +1,9 @@
 """oneDNN, the build bundled in PyTorch (``torch.ops.mkldnn``; oneDNN 3.x in torch 2.13).
 
-Convolution (2-D, 3-D; float32, channels-first) runs oneDNN's primitive through
+Convolution (1-D to 3-D; float32, channels-first) runs oneDNN's primitive through
 ``mkldnn._convolution_pointwise``, with the bias and, when nothing follows it, the ReLU
-fused as post-ops. Constant weights are reordered into oneDNN's blocked layout once, at
-compile time (``mkldnn._reorder_convolution_weight``); with them the primitive works
+fused as post-ops. Constant weights of 2-D and 3-D ones are reordered into oneDNN's blocked
+layout once, at compile time (``mkldnn._reorder_convolution_weight``); with them the primitive works
 channels-last: PyTorch reorders the NCHW input for it and returns a new tensor (no
 ``out=``), which one pass moves into the caller's buffer: a ``copy_``, or with a residual
 the add itself (``add``/``_add_relu`` with ``out=``). oneDNN fuses the residual add only
@@ -55,7 +55,7 @@ def avg_pool_rule(match) -> str | None:
 PATTERNS = {
     p.name: p
     for p in (
-        *kernels.conv_patterns("dnnl", dims=(2, 3)),
+        *kernels.conv_patterns("dnnl", dims=(1, 2, 3)),
         *(p for p in kernels.matmul_patterns("dnnl") if "batch_matmul" not in p.name),
         Pattern("dnnl.max_pool2d", *kernels.pool2d("relax.nn.max_pool2d"), check=kernels.POOL_CHECK),
         Pattern("dnnl.avg_pool2d", *kernels.pool2d("relax.nn.avg_pool2d"),
@@ -101,12 +101,16 @@ def conv_kernel(func, match):
 
     padding, stride, dilation, groups = kernels.conv_params(match)
     data_shape = list(shape_of(match["data"]))
+    # A 1-D convolution keeps its weight as it is: PyTorch blocks only 2-D and 3-D weights, and
+    # run as a 2-D one of height 1 over a blocked weight it took a third longer (0.63 ms
+    # against 0.48 for 32 channels, 4000 samples, 7 taps on a 2-core Zen 4).
+    blocked = len(stride) > 1
 
     def pack(weight):  # into oneDNN's blocked layout for this convolution, once
         return torch.ops.mkldnn._reorder_convolution_weight(weight, padding, stride, dilation, groups, data_shape)
 
     data = kernels.reader(func, match, "data", torch.from_dlpack)
-    weight = kernels.reader(func, match, "weight", torch.from_dlpack, prepare=pack)
+    weight = kernels.reader(func, match, "weight", torch.from_dlpack, prepare=pack if blocked else lambda w: w)
     bias = kernels.reader(func, match, "bias", lambda t: torch.from_dlpack(t).reshape(-1))
     residual = kernels.reader(func, match, "residual", torch.from_dlpack)
     relu = "relu" in match.captures

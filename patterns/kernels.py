@@ -1,7 +1,8 @@
 """Patterns and checks for library kernels that several backends share.
 
-- Convolution, 2-D and 3-D, with the post-ops oneDNN and cuDNN apply: bias, residual add,
-  ReLU, in that order (a ResNet block once BatchNorm is folded). ``dnnl`` and ``cudnn``.
+- Convolution, 1-D to 3-D, with the post-ops oneDNN and cuDNN apply: bias, residual add,
+  ReLU, in that order (a ResNet block once BatchNorm is folded). ``dnnl`` (1-D to 3-D) and
+  ``cudnn`` (2-D and 3-D).
 - Matmul: dense ``x[..., K] @ W[K, N]`` (+ bias) (+ ReLU) and batch matmul. Either may
   take its right operand through ``permute_dims``: BLAS reads it transposed, for free.
   ``mkl`` and ``cublas``.
@@ -157,9 +158,13 @@ def float32_static(match: Match) -> str | None:
     return None
 
 
+# PyTorch's channels-first layouts, by the convolution's spatial rank.
+CHANNELS_FIRST = {1: ("NCW", "OIW"), 2: ("NCHW", "OIHW"), 3: ("NCDHW", "OIDHW")}
+
+
 def conv_layout(match: Match) -> str | None:
     attrs = match["conv"].attrs
-    data, kernel = ("NCHW", "OIHW") if len(attrs.strides) == 2 else ("NCDHW", "OIDHW")
+    data, kernel = CHANNELS_FIRST[len(attrs.strides)]
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
     if layouts != (data, kernel, data):  # PyTorch's convolutions take channels-first tensors
         return f"layouts {data}/{kernel} only, not {layouts[0]}/{layouts[1]} -> {layouts[2]}"

@@ -70,6 +70,22 @@ class ConvBlocks3d:  # the bias comes already shaped [1, C, 1, 1, 1]
 
 
 @I.ir_module
+class ConvBlocks1d:  # audio: strided, dilated, grouped; the bias as frontends reshape it, [1, C, 1]
+    @R.function
+    def main(x: R.Tensor((1, 2, 40), "float32"), w: R.Tensor((4, 2, 7), "float32"),
+             wd: R.Tensor((4, 2, 3), "float32"), ws: R.Tensor((4, 4, 4), "float32"), b: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            c1 = R.nn.conv1d(x, w, padding=[3, 3])                              # 0 conv1d
+            b1 = R.add(c1, R.reshape(b, [1, 4, 1]))                             # 1, 2 conv1d_bias
+            r1 = R.nn.relu(b1)                                                  # 3 conv1d_bias_relu
+            c2 = R.nn.conv1d(r1, wd, padding=[3, 3], dilation=[3], groups=2)    # 4 conv1d
+            a2 = R.add(c2, r1)                                                  # 5 conv1d_add
+            c3 = R.nn.conv1d(a2, ws, strides=[2], padding=[1, 1])               # 6 conv1d
+            R.output(c3)
+        return c3
+
+
+@I.ir_module
 class NearMisses:  # one thing oneDNN (through PyTorch) cannot do per operator
     @R.function
     def main(x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((8, 4, 3, 3), "float32"),
@@ -123,6 +139,14 @@ def test_every_conv3d_pattern_matches():
     }  # fmt: skip
 
 
+def test_every_kind_of_conv1d_matches():
+    graph = DataflowGraph.from_module(with_weights_bound(ConvBlocks1d))
+    assert found(graph) == {
+        ("dnnl.conv1d", S(0)), ("dnnl.conv1d_bias", S(0, 1, 2)), ("dnnl.conv1d_bias_relu", S(0, 1, 2, 3)),
+        ("dnnl.conv1d", S(4)), ("dnnl.conv1d_add", S(4, 5)), ("dnnl.conv1d", S(6)),
+    }  # fmt: skip
+
+
 def test_checks_reject_what_onednn_cannot_run():
     # NHWC, float16, lopsided padding, a bias along W, an average pool TVM divides differently:
     # only the plain convolution at 3 is left.
@@ -131,20 +155,22 @@ def test_checks_reject_what_onednn_cannot_run():
 
 def test_declares_every_combination():
     names = {p.name for p in BACKEND.patterns}
-    assert len(names) == 21 and {"dnnl.conv3d_bias_add_relu", "dnnl.max_pool2d", "dnnl.avg_pool2d"} <= names
+    assert len(names) == 29 and {"dnnl.conv1d_bias_add_relu", "dnnl.conv3d_bias_add_relu", "dnnl.max_pool2d",
+                                 "dnnl.avg_pool2d"} <= names
 
 
 # ------------------------------------------------------------------ kernels against TVM
 
 
-@pytest.mark.parametrize("module", [ConvBlocks2d, ConvBlocks3d], ids=["2d", "3d"])
+@pytest.mark.parametrize("module", [ConvBlocks1d, ConvBlocks2d, ConvBlocks3d], ids=["1d", "2d", "3d"])
 def test_kernels_match_tvm_with_constant_weights(module):
     graph = DataflowGraph.from_module(with_weights_bound(module))
     assert failures(BACKEND, generate(graph, [BACKEND])) == {}
 
 
-def test_kernels_match_tvm_with_weights_as_inputs():
-    graph = DataflowGraph.from_module(ConvBlocks2d)  # unpacked weights, read on each call
+@pytest.mark.parametrize("module", [ConvBlocks1d, ConvBlocks2d], ids=["1d", "2d"])
+def test_kernels_match_tvm_with_weights_as_inputs(module):
+    graph = DataflowGraph.from_module(module)  # unpacked weights, read on each call
     assert failures(BACKEND, generate(graph, [BACKEND])) == {}
 
 
@@ -168,7 +194,7 @@ def test_unsupported_is_a_reason_not_a_crash():
         "unsupported: dnnl.conv2d does not cover this sub-graph (relax.nn.conv2d -> relax.add)"
     )
     assert check_candidate(BACKEND, conv_and_row, "dnnl.softmax").startswith(
-        "unsupported: no pattern named 'dnnl.softmax'; known: dnnl.conv2d, "
+        "unsupported: no pattern named 'dnnl.softmax'; known: dnnl.conv1d, "
     )
 
 
