@@ -12,8 +12,6 @@ suite short; ``experiments/bench.py`` runs every backend on the full configs.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ import pytest
 import collage
 from collage.model.frontend import load_onnx
 from collage.measuring.timing import Timing
-from tests.helpers import assert_close, subprocess_env, zoo
+from tests.helpers import assert_close, zoo
 
 # Each path of each model takes a minute or more (about 400 distinct candidates, mostly TVM
 # compiling each), so the suite runs one path per model: GPT-2 (its causal mask holds -inf)
@@ -50,21 +48,25 @@ def test_torch_export_path_matches_torch(name, log):
 
 
 @pytest.mark.parametrize("name", ONNX_FILE)
-def test_onnx_file_path_optimizes_and_runs_from_the_command_line(name, log, tmp_path):
+def test_onnx_file_path_optimizes_and_runs_from_the_command_line(name, log, tmp_path, monkeypatch, capfd):
     import onnx
+
+    from collage import cli
 
     w = zoo(name)
     onnx.save(w.onnx, tmp_path / "model.onnx")
-    env = subprocess_env(COLLAGE_COST_LOG=str(log))
+    # The command line's own main, in this process (a process of its own only adds 4 s of
+    # loading TVM and torch; tests/test_cli.py runs one so), its output read at the descriptors.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLLAGE_COST_LOG", str(log))
     for args in (["optimize", "model.onnx", "--quiet"], ["run", "model.onnx"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "collage", *args, "--backends", ",".join(BACKENDS), "--threads", "2"],
-            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        assert "collage placement:" in done.stdout
+        capfd.readouterr()
+        status = cli.main([*args, "--backends", ",".join(BACKENDS), "--threads", "2"])
+        out, err = capfd.readouterr()
+        assert status == 0, err
+        assert "collage placement:" in out
         # TVM's C++ log and the libraries' warnings stay off the terminal without --verbose.
-        assert all(line.startswith("collage:") for line in done.stderr.splitlines()), done.stderr
+        assert all(line.startswith("collage:") for line in err.splitlines()), err
     rebuilt = collage.load_placement(load_onnx(tmp_path / "model.onnx"), tmp_path / "placement.json",
                                      cost_log=log, onnx_model=tmp_path / "model.onnx")  # fmt: skip
     out = rebuilt(*[x.numpy() for x in w.inputs])
