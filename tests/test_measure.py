@@ -17,6 +17,7 @@ from collage.measuring.cost_log import CostLog
 from collage.model.graph import DataflowGraph
 from collage.measuring.runner import InProcess, MeasureTask
 from collage.measuring.isolation import WorkerProcess
+from collage.measuring import measure
 from collage.measuring.measure import Measurer
 from collage.measuring.timing import Protocol, Timing, time_call, time_contenders
 from collage.measuring.transition import measure_transition
@@ -92,6 +93,12 @@ def test_warm_up_lasts_while_calls_still_get_faster_and_no_longer():
     # A steady kernel: two short warm-up rounds, then its samples (24 ms here; a fixed warm-up
     # took 0.1 s). The least of three: a busy moment on a 2-core host once made one 70 ms.
     assert min(steady_timing_s() for _ in range(3)) < 0.06
+
+
+@pytest.fixture(autouse=True)
+def nothing_measured_here_yet(monkeypatch):
+    """Each test of measuring transitions measures them: none taken from an earlier test's."""
+    monkeypatch.setattr(measure, "MEASURED_HERE", {})
 
 
 def measurer(tmp_path, *backends, runner=None):
@@ -430,12 +437,20 @@ def test_unavailable_backend_is_invalid_not_an_error(tmp_path):
     assert m.cost(c) == Cost.invalid("missing Python module(s): no_such_module_xyz")
 
 
+class Refusing(InProcess):
+    def run(self, work, timeout_s=None):
+        raise AssertionError(f"measured {type(work).__name__} again")
+
+
 def test_transition_cost_is_measured_per_backend_and_logged(tmp_path):
     dnnl = default_backends()["dnnl"]
     m = measurer(tmp_path, NUMPY, dnnl)
     t = m.transition_ms("dnnl")
     assert 0.0 <= t < 5.0 and m.transition_ms("tvm") == 0.0
     assert measurer(tmp_path, NUMPY, dnnl).transition_ms("dnnl") == t  # read from the log
+    # Another log opened in this process takes it from here, measuring nothing, and keeps it.
+    other = measurer(tmp_path / "other", NUMPY, dnnl, runner=Refusing())
+    assert other.transition_ms("dnnl") == t and other.log.get(other.transition_key("dnnl")).value_ms == t
     # NumPy's element-wise chain runs neither probe: invalid with a reason, no transition.
     assert measure_transition(NUMPY, "llvm", 1, FAST).reason == "numpy runs none of the transition probes"
     assert m.transition_ms("numpy") == 0.0

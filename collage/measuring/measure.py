@@ -47,6 +47,10 @@ from .timing import Timing, over_ceiling
 from .transition import TransitionTask
 
 TRANSITION = "transition"  # the pattern name of the transition-cost row in the log
+# The transitions and interplays measured in this process, by their log keys: costs of this
+# machine, not of a model, which a second cost log opened here (another project's, each test's
+# own) takes from here rather than measuring again (1.5 s a backend, 2-3 s a pair, on 2 cores).
+MEASURED_HERE: dict[LogKey, Cost] = {}
 # Its key: how the probe ran (``transition.py``), so that a row of an earlier probe (one kernel
 # called again after a few ops on a small tensor, stop 61) is measured again, not reused.
 TRANSITION_PROBE = "transition: distinct probe kernels, a sweep between"
@@ -170,9 +174,22 @@ class Measurer:
         return self._transitions[backend]
 
     def _logged(self, key: LogKey, task: Callable[[], TransitionTask]) -> Cost:
-        """The cost the log holds under ``key``, else ``task()``'s, measured on the runner and logged."""
+        """The cost the log (or this process) holds under ``key``, else ``task()``'s, measured
+        on the runner and logged."""
+        cost = self._machine_cost(key)
+        return cost if cost is not None else self._log_machine_cost(key, self.runner.run(task()).cost)
+
+    def _machine_cost(self, key: LogKey) -> Cost | None:
+        """A transition or interplay the log holds, or one this process measured into another
+        log (``MEASURED_HERE``), then written into this one too."""
         cost = self.log.get(key)
-        return cost if cost is not None else self.log.put(key, self.runner.run(task()).cost)
+        if cost is None and key in MEASURED_HERE:
+            cost = self.log.put(key, MEASURED_HERE[key])
+        return cost
+
+    def _log_machine_cost(self, key: LogKey, cost: Cost) -> Cost:
+        MEASURED_HERE[key] = cost
+        return self.log.put(key, cost)
 
     def _transition_task(self, backend: str) -> TransitionTask:
         return TransitionTask.of(self.backends[backend], self.target, self.device.threads, self.timing)
@@ -210,7 +227,7 @@ class Measurer:
     def _missing_transitions(self, candidates: list[Candidate]) -> list[str]:
         """The backends of ``candidates`` whose transition is neither known nor logged."""
         backends = sorted({c.backend for c in candidates} - {REFERENCE_BACKEND} - set(self._transitions))
-        return [b for b in backends if self.log.get(self.transition_key(b)) is None]
+        return [b for b in backends if self._machine_cost(self.transition_key(b)) is None]
 
     def key(self, candidate: Candidate) -> LogKey:
         backend = self.backends[candidate.backend]
@@ -462,7 +479,7 @@ class Measurer:
                 self.seconds_by_backend[backend] = self.seconds_by_backend.get(backend, 0.0) + now - last
             last = now
             if index >= first_transition:
-                self._keep_transition(backend, self.log.put(self.transition_key(backend), result.cost))
+                self._keep_transition(backend, self._log_machine_cost(self.transition_key(backend), result.cost))
                 return
             results = result if isinstance(result, list) else [result]
             if in_turn:
