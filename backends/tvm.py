@@ -86,6 +86,7 @@ BACKEND = Backend(
     compile_many=compile_many,
     rules=(PatternRule("tvm.fused", lambda graph, node: True, anchor_then_elementwise),),
     probe=probe,
-    library=f"Apache TVM {tvm.__version__}",
+    # Costs measured before CPU code was built for the host's CPU (``build.host_target``) are not these.
+    library=f"Apache TVM {tvm.__version__}, host CPU code",
     graph_safe=True,  # TVM launches its kernels on its current stream, and its capture pass knows them
 )
