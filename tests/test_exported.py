@@ -161,3 +161,17 @@ def test_the_command_line_exports_and_runs_the_export(made, tmp_path, capsys):
     assert "exported module:" in printed and "first call" in printed and "now it runs in" in printed
     assert main(["run", str(tmp_path / "exp"), "--shape", "x=1x3x8x8"]) == EXIT_USAGE
     assert "--shape do not apply" in capsys.readouterr().err
+
+
+def test_the_tvm_part_is_built_for_this_cpu_unless_optimized_for_a_fleets_device(made):
+    """A fleet's device may lack this CPU's instructions (AVX-512 on a Zen 3): its export's
+    TVM code is the CPU's baseline. One optimized here is built as ``optimize`` built it."""
+    import dataclasses
+
+    from collage.deploying.exported import _export_target
+    from collage.measuring.build import host_cpu, host_target
+
+    opt = made[1]
+    assert host_target(_export_target(opt)).attrs["mcpu"] == host_cpu()
+    elsewhere = dataclasses.replace(opt, device=Device("Some Other CPU (avx2)", 2))
+    assert host_target(_export_target(elsewhere)).attrs["mcpu"] == "generic"

@@ -51,7 +51,8 @@ from ..candidates.onnx_convert import to_onnx
 from ..candidates.precision import FLOAT32
 from ..errors import first_line
 from ..measuring.cost import Device
-from ..measuring.build import compile_kernel, compile_module, compile_onnx_kernel, compile_program_kernel, device_for
+from ..measuring.build import (compile_kernel, compile_module, compile_onnx_kernel, compile_program_kernel, device_for,
+                              is_cuda)
 from ..measuring.arrays import random_array, static_shape, to_tensors
 from ..measuring.threads import pin_threads
 from ..model import as_given
@@ -120,7 +121,7 @@ def export(opt, path: str | os.PathLike) -> Path:
     # (a kernel of a backend not registered here counts as not graph-safe).
     registered = default_backends()
     kernels_by_backend = {name: registered[p.backend] for p, name, _ in assembly.kernels if p.backend in registered.names()}
-    compile_module(assembly.module, opt.target, kernels_by_backend).export_library(str(path / TVM_LIBRARY))
+    compile_module(assembly.module, _export_target(opt), kernels_by_backend).export_library(str(path / TVM_LIBRARY))
     main = assembly.module["main"]
     (path / MAIN).unlink(missing_ok=True)
     if sole_kernel(main, assembly.kernel_map()) is not None:  # small: no weights in it
@@ -299,6 +300,16 @@ def _loaded_module(file: Path):
         warnings.warn(f"{file}: the PyTorch module does not load here ({type(err).__name__}: {first_line(err)}); "
                       "its exported program is compiled instead", ExportWarning, stacklevel=4)  # fmt: skip
         return None
+
+
+def _export_target(opt):
+    """What an export's TVM part is compiled for: as ``optimize`` compiled it, for this
+    machine's own CPU (``build.host_target``), where it was optimized for this machine; for
+    the CPU's baseline, which every CPU of its architecture runs, where it was optimized for a
+    fleet's device, whose CPU this machine's code may not run on (AVX-512 on a Zen 3)."""
+    if opt.device is None or is_cuda(opt.target):
+        return opt.target
+    return {"kind": "llvm", "mcpu": "generic"}
 
 
 def _warn_if_elsewhere(manifest: dict, backends: BackendSet, path: Path, threads: int) -> None:
