@@ -93,18 +93,18 @@ ELEMENTWISE = {
 }
 
 
+SOFTMAX = "relax.nn.softmax"  # TOPI's fast_softmax, which takes the axis as well
+
+
 def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
     """``call`` as a call of its vectorizable TE function, or None to keep it as it is."""
     name = call.op.name if isinstance(call.op, tvm.ir.Op) else None
-    if name not in ELEMENTWISE and name != SOFTMAX or call.args[0].ty.dtype != FLOAT32:
+    if (name not in ELEMENTWISE and name != SOFTMAX) or call.args[0].ty.dtype != FLOAT32:
         return None
     hint = name.split(".")[-1]
     if name == SOFTMAX:
         return bb.call_te(topi.nn.fast_softmax, call.args[0], int(call.attrs.axis), primfunc_name_hint=hint)
     return bb.call_te(ELEMENTWISE[name], call.args[0], primfunc_name_hint=hint)
-
-
-SOFTMAX = "relax.nn.softmax"
 
 
 @relax.expr_functor.mutator
@@ -119,8 +119,6 @@ def with_fast_math(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with its float32 transcendental operators (``ELEMENTWISE``, and softmax as
     TOPI's ``fast_softmax``) legalized to vectorizable loops, as TVM's FastMathTransform
     does for three of them; ``tvm.compile`` legalizes the rest as it would have."""
-    if not any(isinstance(f, relax.Function) for f in mod.functions.values()):
-        return mod
     mutator = _FastMath(mod)
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function):
