@@ -1,5 +1,9 @@
 """collage-tvm: automated multi-backend placement for Apache TVM Relax."""
 
+from collage.measuring.threads import quiet_tvm_workers
+
+quiet_tvm_workers()  # before anything collage runs starts TVM's thread pool
+
 from collage.api import load_placement, optimize  # noqa: F401
 from collage.errors import OptimizeError  # noqa: F401
 from collage.deploying.optimized import OptimizedModule  # noqa: F401
