@@ -86,7 +86,8 @@ BACKEND = Backend(
     compile_many=compile_many,
     rules=(PatternRule("tvm.fused", lambda graph, node: True, anchor_then_elementwise),),
     probe=probe,
-    # Costs measured before CPU code was built for the host's CPU (``build.host_target``) are not these.
-    library=f"Apache TVM {tvm.__version__}, host CPU code",
+    # Costs of other CPU code than ``build.tvm_compile``'s (the host's x86-64 level, vector
+    # transcendentals, element-wise kernels on every core) are not these.
+    library=f"Apache TVM {tvm.__version__} (CPU: the host's level, vector math, element-wise on every core)",
     graph_safe=True,  # TVM launches its kernels on its current stream, and its capture pass knows them
 )

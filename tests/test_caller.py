@@ -68,8 +68,14 @@ def test_an_engine_binds_once_whatever_arrays_the_user_hands_over(mlp, engine, p
     (kernel,) = [k for _, _, k in assembly.kernels]
     arrays = draws(w, 5)
     results = [caller.numpy(x) for x in arrays]  # new arrays on every call, as a user's are
+    # Beside TVM's kernels, the VM's pool hands an engine's buffer one of a few blocks in turn
+    # (the module's output takes one of the same size each call, and the pool gives back the
+    # last freed first): each block is bound once, and calls after the first few bind none.
+    made = kernel.bindings.made
     results += [caller.tensors(tvm.runtime.tensor(x))[0].numpy()[None] for x in arrays]
-    assert kernel.bindings.made == 1, f"{kernel.bindings.made} bindings for {len(results)} calls"
+    assert kernel.bindings.made == made <= kernel.bindings.keep, f"{kernel.bindings.made} bindings for {len(results)} calls"
+    if placed is engine_alone:  # called without the VM, on the caller's own buffers
+        assert made == 1
     for x, got in zip(arrays + arrays, results):
         expected = reference(w, x)
         assert np.abs(np.asarray(got[0]) - expected).max() <= 1e-4 * np.abs(expected).max()

@@ -62,16 +62,15 @@ def calls(func: relax.Function) -> list[str]:
 
 
 def lowered(mod: tvm.IRModule, kernels, monkeypatch) -> tvm.IRModule:
-    """``mod`` through TVM's CUDA pipeline, up to the VM's code generation, in the
+    """``mod`` through collage's CUDA pipeline (TVM's, ``measuring.pipeline``), up to the VM's code generation, in the
     PassContext ``compile_module`` sets up for it (read off by standing in for
     ``tvm.compile``, which would also need nvcc)."""
     seen = {}
 
-    def compile_stand_in(mod, target):
+    def compile_stand_in(mod, target, relax_pipeline):
         seen["config"] = dict(tvm.transform.PassContext.current().config)
-        target = tvm.target.Target(target)
-        with target:
-            return relax.get_default_pipeline(target)(mod)
+        with tvm.target.Target(target):
+            return relax_pipeline(mod)
 
     monkeypatch.setattr(tvm, "compile", compile_stand_in)
     result = compile_module(mod, SM90, kernels)

@@ -3,8 +3,9 @@
 Each partition becomes one call in a new ``main``, in the placement's order:
 
 - a ``tvm`` partition of several ops becomes a private function marked ``Primitive``, which
-  TVM's default pipeline legalizes and fuses into one kernel (FuseTIR), exactly the group the
-  placement chose; a single op stays inline, where TVM's own FuseOps may still fuse it;
+  collage's pipeline (``measuring.pipeline``, TVM's own for the target) legalizes and fuses
+  into one kernel (FuseTIR), exactly the group the placement chose; a single op stays inline,
+  where TVM's own FuseOps may still fuse it;
 - a partition of any other backend is compiled by that backend (with its own weights) into a
   kernel, registered as a global function, and called with ``call_dps_packed``: the VM
   allocates the outputs and passes every tensor to the kernel by DLPack, without a copy.

@@ -25,6 +25,7 @@ from ..model.simplify.loops import scan_kernels_for_the_gpu
 from .arrays import empty_outputs, mismatch, numpy_outputs, random_inputs, static_shape, to_tensors
 from .fast_math import with_fast_math
 from .parallel_loops import with_parallel_loops
+from .pipeline import relax_pipeline
 
 
 def as_module(func: relax.Function) -> tvm.IRModule:
@@ -289,14 +290,19 @@ def _static(ty: relax.TensorType) -> bool:
 
 
 def tvm_compile(mod: tvm.IRModule, target):
-    """``tvm.compile`` of ``mod`` for ``target``. On the CPU, for this machine's own CPU
-    (``host_target``), float32 transcendentals as loops LLVM vectorizes (``fast_math``); for
-    CUDA, each power of a small whole exponent first written as multiplications
-    (``powers_as_multiplies``), and each scan kernel simplification wrote (``loops``) in its
-    GPU form."""
+    """``tvm.compile`` of ``mod`` for ``target`` with TVM's own pipeline for the target, each
+    function collage marked ``Primitive`` one fused kernel (``pipeline.relax_pipeline``). On
+    the CPU, for this machine's own CPU (``host_target``), float32 transcendentals as loops
+    LLVM vectorizes (``fast_math``), element-wise kernels on every core; for CUDA, each power
+    of a small whole exponent first written as multiplications (``powers_as_multiplies``),
+    and each scan kernel simplification wrote (``loops``) in its GPU form."""
     if is_cuda(target):
-        return tvm.compile(scan_kernels_for_the_gpu(powers_as_multiplies(mod)), target=target)
-    return tvm.compile(with_fast_math(mod), target=host_target(target))
+        target = tvm.target.Target(target)
+        mod = scan_kernels_for_the_gpu(powers_as_multiplies(mod))
+    else:
+        target = host_target(target)
+        mod = with_fast_math(mod)
+    return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target))
 
 
 def host_target(target) -> tvm.target.Target:

@@ -1,0 +1,101 @@
+"""Collage's Relax pipeline (``collage.measuring.pipeline``): each function collage marked
+``Primitive`` one fused kernel, constants and all, on the CPU and for CUDA; and on the CPU its
+element-wise kernels as one loop nest, its leading loops on every core."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+from collage.measuring.build import host_target, run_reference, tvm_compile
+from collage.measuring.pipeline import relax_pipeline
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+
+@I.ir_module
+class OneHot:
+    """A placement's TVM partition as the assembly writes it (``Primitive``), holding what
+    FoldConstant leaves constants: a ``full`` of a constant, folded, and a scalar operand."""
+
+    @R.function(private=True)
+    def part(p0: R.Tensor((4,), dtype="int64")) -> R.Tensor((8, 4), dtype="float32"):
+        R.func_attr({"Primitive": True})
+        with R.dataflow():
+            ones = R.full(R.shape([8]), R.const(1, "int64"), dtype="int64")
+            rows = R.floor_divide(R.add(ones, R.const(3, "int64")), R.const(4, "int64"))
+            gv = R.astype(R.equal(R.expand_dims(rows, axis=[-1]), p0), dtype="float32")
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(x: R.Tensor((4,), dtype="int64")) -> R.Tensor((8, 4), dtype="float32"):
+        cls = OneHot
+        with R.dataflow():
+            gv = cls.part(x)
+            R.output(gv)
+        return gv
+
+
+@pytest.mark.parametrize("target", [host_target("llvm"), SM90], ids=["cpu", "cuda"])
+def test_a_primitive_function_holding_constants_is_one_fused_kernel(target):
+    # FuseTIR refused it ("Tensor constants are not supported in primitive functions"): the
+    # constants are made its parameters first.
+    mod = relax_pipeline(target)(OneHot)
+    kernels = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert len(kernels) == 1 and not [f for f in mod.functions.values() if isinstance(f, relax.Function)
+                                      and f.attrs and f.attrs.get("Primitive")]  # fmt: skip
+    if target is not SM90:
+        x = np.array([1, 0, 2, 1], "int64")
+        got = relax.VirtualMachine(tvm_compile(OneHot, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_array_equal(got, (np.ones(8, "int64")[:, None] == x).astype("float32"))
+from collage.measuring.elementwise import MIN_PARALLEL
+
+
+def _snake(shape) -> relax.Function:
+    """DAC's Snake activation, x + sin(a x)^2 / a, with a per channel."""
+    a = np.random.default_rng(1).uniform(0.5, 1.5, (1, shape[1], 1)).astype("float32")
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], {"global_symbol": "main"}):
+        with bb.dataflow():
+            s = bb.emit(relax.op.sin(relax.op.multiply(x, relax.const(a))))
+            out = bb.emit_output(relax.op.add(x, relax.op.multiply(relax.const(1 / a), relax.op.multiply(s, s))))
+        bb.emit_func_output(out)
+    return bb.get()["main"]
+
+
+def _loops(shape) -> list[list[tuple[str, int]]]:
+    """(kind, extent) of each loop of each kernel the pipeline makes of the Snake chain,
+    outermost first, as TVMScript writes them (``T.parallel(n)``, ``range(n)``)."""
+    mod = relax_pipeline(host_target("llvm"))(tvm.IRModule({"main": _snake(shape)}))
+    return [[(kind, int(n)) for kind, n in re.findall(r"for \w+ in (T\.parallel|range)\(T\.int64\((\d+)\)\)", func.script())]
+            for func in mod.functions.values() if isinstance(func, tirx.PrimFunc)]  # fmt: skip
+
+
+def test_a_chain_is_one_loop_nest_its_leading_loops_parallel_its_innermost_whole():
+    assert _loops((1, 32, 8000)) == [[("T.parallel", 32), ("range", 8000)]]
+    # Too few leading iterations: the innermost split in whole parts first.
+    (loops,) = _loops((1, 1, 65536))
+    assert [kind for kind, _ in loops] == ["T.parallel", "range"] and loops[0][1] * loops[1][1] == 65536
+
+
+def test_a_small_chain_stays_on_one_thread():
+    mod = relax_pipeline(host_target("llvm"))(tvm.IRModule({"main": _snake((1, 4, MIN_PARALLEL // 8))}))
+    (kernel,) = [func.script() for func in mod.functions.values() if isinstance(func, tirx.PrimFunc)]
+    blocks = kernel.count("with T.sblock(") - kernel.count("T.sblock(\"root\")")
+    assert "T.parallel" not in kernel and blocks == 1  # inlined all the same
+
+
+def test_the_scheduled_chain_computes_what_the_reference_does():
+    func = _snake((1, 32, 8000))
+    x = (np.random.default_rng(0).standard_normal((1, 32, 8000)) * 4).astype("float32")
+    vm = relax.VirtualMachine(tvm_compile(tvm.IRModule({"main": func}), "llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, run_reference(func, [x])[0], rtol=1e-5, atol=1e-6)
