@@ -18,18 +18,19 @@ the kept finalist are each rebuilt in a worker process started for it alone (as
 block with the project's protocol: a fresh random order each round, a settling pause before
 each block, the other processes idle meanwhile. This race decides, so it goes on while the
 kept one and the fastest other are undecided, up to ``MAX_ROUNDS`` as the finalists' race
-does (``decide``). If that other is then faster beyond noise (``Race.verdict``), it is kept
-instead. If the two are still undecided, the tie is broken by the finalists' own rule
-(``finalists.choose``): the simpler (fewer libraries, then partitions), then the one whose
-slow blocks cost a user less. SqueezeNet's race once kept OpenVINO on the user's file by its
-upper quartile (2.41 ms against ONNX Runtime alone's 2.47, both noisy), and after 9 undecided
-rounds in fresh processes (2.48 ms ± 0.06 against 2.33 ± 0.17) kept it still, 0.94x the peer a
-user would have run. Simplicity comes first as in that rule: mT5's encoder on the Zen 4 without
-AVX-512 kept ONNX Runtime alone, its op-level placement (ONNX Runtime and OpenVINO) slower in
-the optimizing process's race; raced again, the two were undecided (1.879 ms ± 0.41 against
-1.894 ± 0.31), and the op-level placement, its upper quartile lower by chance, was kept: two
-libraries' threads in a user's process for no time measured. The report says what this race
-showed, either way.
+does. It then overturns the first race's choice on evidence only (``decide``): another
+finalist is kept if the kept one is slower than it beyond noise (``Race.verdict``), if it is
+equivalent and simpler (the finalists' own rule), or, undecided, if it is as simple and both
+its median and its slow blocks are lower. SqueezeNet's race once kept OpenVINO on the user's
+file by its upper quartile (2.41 ms against ONNX Runtime alone's 2.47, both noisy), and after
+9 undecided rounds in fresh processes (2.48 ms ± 0.06 against 2.33 ± 0.17) kept it still,
+0.94x the peer a user would have run. An undecided finalist that is not as simple never
+displaces the kept one: mT5's encoder on the Zen 4 without AVX-512 kept ONNX Runtime alone,
+and raced again, its op-level placement (ONNX Runtime and OpenVINO) was undecided against it
+(1.879 ms ± 0.41 against 1.894 ± 0.31), its upper quartile lower by chance: two libraries'
+threads in a user's process for no time measured. Nor is a simpler one slower by its median
+kept for its simplicity (DAC's, in ``decide``). The report says what this race showed,
+either way.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class Confirmation:
             return f"not raced again in fresh processes: {self.skipped}"
         ms = ", ".join(f"'{name}' {cost.median_ms:.3f} ms ± {cost.spread_ms:.3f}" for name, cost in self.costs.items())
         if self.switched:
-            why = f" (undecided; {self.tie_broken_by})" if self.tie_broken_by else ""
+            why = f" ({self.verdict}; {self.tie_broken_by})" if self.tie_broken_by else ""
             return f"raced again, each in a fresh process: {ms}; kept '{self.kept}' instead of '{self.runner_up}'{why}"
         why = f" ({self.tie_broken_by})" if self.tie_broken_by else ""
         return f"raced again, each in a fresh process: {ms}; '{self.kept}' {self.verdict} against '{self.runner_up}', kept{why}"
@@ -156,11 +157,11 @@ def confirm(finalists: dict, kept, others: list, request: Callable[[object], byt
         for worker in workers.values():
             worker.close()
     result.costs = {str(name): race.cost(name) for name in (kept, *others)}
-    second = fastest()
-    verdict, switch, result.tie_broken_by = decide(race, kept, second, {n: finalists[n].simplicity for n in (kept, second)})
-    result.runner_up, result.verdict = str(second), verdict.value
-    if switch:
-        result.kept, result.runner_up, result.switched = str(second), str(kept), True
+    chosen, why = decide(race, kept, others, {n: finalists[n].simplicity for n in (kept, *others)})
+    second = fastest() if chosen == kept else chosen
+    result.runner_up, result.verdict, result.tie_broken_by = str(second), race.verdict(kept, second).value, why
+    if chosen != kept:
+        result.kept, result.runner_up, result.switched = str(chosen), str(kept), True
     return result
 
 
@@ -174,19 +175,38 @@ def _unsendable(name, finalist: Finalist) -> str | None:
     return None
 
 
-def decide(race: Race, kept, second, simplicity: dict) -> tuple[Verdict, bool, str | None]:
-    """``kept``'s verdict against ``second`` in the fresh processes' race, whether ``second``
-    is kept instead, and what broke the tie if they are undecided. ``second`` is kept when
-    ``kept`` is slower beyond noise, or when the two are undecided and ``second`` comes first
-    by the finalists' rule (``finalists.choose``): the simpler (``simplicity``: name to
-    ``Finalist.simplicity``), then the one whose slow blocks cost a user less
-    (``Race.paid_ms``)."""
-    verdict = race.verdict(kept, second)
-    if verdict is not Verdict.UNDECIDED:
-        return verdict, verdict is Verdict.SLOWER, None
-    first = simplest((kept, second), simplicity, {name: race.paid_ms(name) for name in (kept, second)})
-    why = "simpler" if simplicity[kept] != simplicity[second] else "its slow blocks cost less"
-    return verdict, first == second, why
+def decide(race: Race, kept, others: list, simplicity: dict) -> tuple[object, str | None]:
+    """The finalist to keep after the fresh processes' race of ``kept`` and ``others``, and
+    what decided it where the race left ``kept`` undecided. The race overturns the optimizing
+    process's choice on evidence only:
+
+    - a finalist ``kept`` is slower than beyond noise (``Race.verdict``) is kept instead, the
+      one whose slow blocks cost least (``Race.paid_ms``) if several are;
+    - else one equivalent to ``kept`` and simpler (``simplicity``: ``Finalist.simplicity``),
+      by the finalists' own rule (``finalists.choose``);
+    - else one undecided against ``kept``, as simple, with both its median and its slow blocks
+      lower (SqueezeNet's ONNX Runtime alone: 2.33 ms ± 0.17 against OpenVINO alone's steady
+      2.48);
+    - else ``kept`` stays. An undecided runner-up simpler but slower by its median is not
+      kept: DAC's op-level placement (13.2 ms), raced beside ONNX Runtime alone (15.3 ± 2.0)
+      and OpenVINO alone (13.7 ± 5.6), gave way to ONNX Runtime alone, the slowest of the
+      three, when the two simpler were judged each against it alone by their slow blocks and
+      simplicity first."""
+    faster = [name for name in others if race.verdict(kept, name) is Verdict.SLOWER]
+    if faster:
+        return min(faster, key=race.paid_ms), None
+    equivalent = [name for name in others
+                  if race.verdict(name, kept) is Verdict.EQUIVALENT and simplicity[name] < simplicity[kept]]  # fmt: skip
+    if equivalent:
+        return simplest(equivalent, simplicity, {name: race.paid_ms(name) for name in equivalent}), "simpler"
+    median = lambda name: race.cost(name).median_ms  # noqa: E731
+    better = [name for name in others
+              if race.verdict(name, kept) is Verdict.UNDECIDED and simplicity[name] <= simplicity[kept]
+              and median(name) < median(kept) and race.paid_ms(name) < race.paid_ms(kept)]  # fmt: skip
+    if better:
+        return min(better, key=race.paid_ms), "as simple, its median and slow blocks both lower"
+    undecided = any(race.verdict(kept, name) is Verdict.UNDECIDED for name in others)
+    return kept, "no other as simple with its median and slow blocks both lower" if undecided else None
 
 
 # -- in the worker: one finalist, held between calls
