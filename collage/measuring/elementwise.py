@@ -7,11 +7,17 @@ loop nest per operator, with a buffer between each two, on one thread. DAC's Sna
 (``parallel_loops.PARALLEL_LOOPS``) fuses every spatial loop of such a block into its
 parallel one, leaving LLVM nothing to vectorize: 1.8 ms.
 
-``ELEMENTWISE`` inlines the chain into its last block (dlight's
-``try_inline_contiguous_spatial``), runs the leading loops in parallel and leaves the
-innermost whole for LLVM to vectorize (where the leading ones are too few, the innermost is
-split in a few whole parts first): 0.10 ms. Kernels of fewer than ``MIN_PARALLEL``
-values stay on one thread, inlined: waking TVM's pool costs more than they take.
+``ELEMENTWISE`` inlines the chain into its last block, runs the leading loops in parallel
+and leaves the innermost whole for LLVM to vectorize (where the leading ones are too few, the
+innermost is split in a few whole parts first): 0.10 ms. Inlining copies a block's
+expression into each place its consumer reads it: ``s * s`` reads ``sin`` twice, and
+``fast_math``'s tanh reads its argument eight times, so four tanh in a row inlined were an
+expression of thousands of terms, 12 s for LLVM to build. A block is inlined only while the
+kernel's operations (TVM's estimate) stay within ``MAX_GROWTH`` times its own; the blocks
+left are computed row by row inside the last one's parallel loop (their buffers a row long,
+in cache), or where that cannot be, in parallel loops of their own. Kernels of fewer than
+``MIN_PARALLEL`` values stay on one thread, inlined all the same: waking TVM's pool costs
+more than they take, and LLVM builds one loop nest faster than several.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+from tvm.s_tir.analysis import estimate_tir_flops
 
 MIN_PARALLEL = 4096
 # Where the leading loops run fewer than this many times, the innermost is split too.
@@ -31,32 +37,78 @@ MIN_LEADING = 4
 SPLITS, MIN_RUN = (64, 32, 16, 8, 4), 16
 
 
+# A kernel's operations may grow by this factor at most as its blocks are inlined.
+MAX_GROWTH = 4.0
+
+
 @dlight.ScheduleRule.from_callable("ElementwiseOnEveryCore")
 def ELEMENTWISE(func: tirx.PrimFunc, target: tvm.target.Target, tunable: bool) -> s_tir.Schedule | None:
-    """``func`` as one parallel loop nest, where it is element-wise (or any chain of
-    injective blocks inlining into one) over static shapes; None (left as it is) otherwise."""
+    """``func``, where every block is element-wise (injective, over static shapes), as few
+    loop nests as inlining within ``MAX_GROWTH`` leaves, each parallel; None (left as it is)
+    otherwise."""
     if not isinstance(func, tirx.PrimFunc):
         return None
     try:
         sch = s_tir.Schedule(func)
-        blocks = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
-        if blocks is None or len(blocks) != 1 or set(blocks[0].dom_kind()) != {"S"}:
+        blocks = normalize_prim_func(sch)
+        if not blocks or not all(b.is_injective() and set(b.dom_kind()) == {"S"} for b in blocks):
             return None
-        loops = sch.get_loops(blocks[0].block_rv)
-        extents = [sch.get(loop).extent for loop in loops]
-        if not all(isinstance(e, tirx.IntImm) for e in extents):
-            return None
-        extents = [e.value for e in extents]
-        if math.prod(extents) < MIN_PARALLEL:
-            return sch
-        if math.prod(extents[:-1]) >= MIN_LEADING:
-            sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
-            return sch
+        sch, blocks = _inlined(sch, blocks)
+        outer = _parallel(sch, blocks[-1].block_rv)
+        for block in reversed(blocks[:-1]):  # each computed where its consumer is, row by row
+            if outer is None or not _computed_at(sch, block.block_rv, outer):
+                _parallel(sch, block.block_rv)
+        return sch
+    except (s_tir.ScheduleError, ValueError):  # a loop nest the schedule primitives refuse
+        return None
+
+
+def _inlined(sch: s_tir.Schedule, blocks: list) -> tuple[s_tir.Schedule, list]:
+    """``sch`` with each block but the last inlined into its consumers where the kernel's
+    operations stay within ``MAX_GROWTH`` times their count before, and the blocks left."""
+    budget = MAX_GROWTH * max(estimate_tir_flops(sch.mod), 1.0)
+    left = []
+    for block in blocks[:-1]:
+        trial = sch.copy()
+        try:
+            trial.compute_inline(block.block_rv)
+        except s_tir.ScheduleError:
+            left.append(block)
+            continue
+        if estimate_tir_flops(trial.mod) <= budget:
+            sch = trial
+        else:
+            left.append(block)
+    return sch, [*left, blocks[-1]]
+
+
+def _parallel(sch: s_tir.Schedule, block):
+    """``block``'s leading loops on every core, its innermost whole, and that parallel loop;
+    None for fewer than ``MIN_PARALLEL`` values or a dynamic extent."""
+    loops = sch.get_loops(block)
+    extents = [sch.get(loop).extent for loop in loops]
+    if not all(isinstance(e, tirx.IntImm) for e in extents):
+        return None
+    extents = [e.value for e in extents]
+    if math.prod(extents) < MIN_PARALLEL:
+        return None
+    if math.prod(extents[:-1]) >= MIN_LEADING:
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    else:
         parts = next((k for k in SPLITS if extents[-1] % k == 0 and extents[-1] // k >= MIN_RUN), None)
         if parts is None:
-            return sch
+            return None
         outer, _ = sch.split(loops[-1], [parts, None])
-        sch.parallel(sch.fuse(*loops[:-1], outer) if len(loops) > 1 else outer)
-        return sch
-    except (tvm.TVMError, ValueError):  # a loop nest the schedule primitives refuse
-        return None
+        outer = sch.fuse(*loops[:-1], outer) if len(loops) > 1 else outer
+    sch.parallel(outer)
+    return outer
+
+
+def _computed_at(sch: s_tir.Schedule, block, loop) -> bool:
+    """Whether ``block`` could be computed inside ``loop``, part by part as its consumer
+    there reads it: its buffer then holds one part (cache-sized), not the whole tensor."""
+    try:
+        sch.compute_at(block, loop, preserve_unit_loops=True)
+        return True
+    except s_tir.ScheduleError:
+        return False

@@ -39,7 +39,7 @@ def PARALLEL_LOOPS(func: tirx.PrimFunc, target: tvm.target.Target, tunable: bool
         for block in blocks:
             _order(sch, block)
         return sch
-    except (tvm.TVMError, ValueError):  # a loop nest the schedule primitives refuse
+    except (s_tir.ScheduleError, ValueError):  # a loop nest the schedule primitives refuse
         return None
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, topi
 
 from ..candidates.generate import generate
 from ..model.graph import DataflowGraph
@@ -55,6 +55,8 @@ GAP_OPS = 16
 # What the TVM ops between two probe calls sweep, besides the probe's own value: 256 KB, read
 # and written GAP_OPS times (4 MB, 0.15 ms on a Zen 4's two cores), more than a core's L2.
 SWEEP_SHAPE = (1, 16, 64, 64)
+# Relax's OpPatternKind.kOpaque on a kernel: FuseOps fuses nothing with it.
+OPAQUE = 8
 # An interplay sample is the mean of calls filling this long: a few calls each stall.
 INTERPLAY_BLOCK_MS = 20.0
 
@@ -182,8 +184,9 @@ def chain_call(streams: list[relax.Function], steps: list[tuple[int, str | None]
         with bb.dataflow():
             values = list(xs)
             for k, callee in steps:
-                for _ in range(GAP_OPS):
-                    values[k] = bb.emit(relax.op.multiply(values[k], relax.const(0.5, "float32")))
+                for _ in range(GAP_OPS):  # each a kernel of its own: fused, they were one pass
+                    values[k] = bb.emit(bb.call_te(topi.multiply, values[k], 0.5, primfunc_name_hint="gap",
+                                                   primfunc_attrs={"op_pattern": OPAQUE}))  # fmt: skip
                 if callee is not None:
                     values[k] = bb.emit(relax.call_dps_packed(callee, relax.Tuple([values[k]]), out_ty=xs[k].ty))
             out = bb.emit_output(values[0] if len(values) == 1 else relax.Tuple(values))
