@@ -125,3 +125,19 @@ def test_a_chain_that_inlined_would_copy_its_terms_many_times_is_computed_row_by
     x = np.random.default_rng(0).standard_normal((32, 8000)).astype("float32")
     vm = relax.VirtualMachine(tvm_compile(tvm.IRModule({"main": func}), "llvm"), tvm.cpu())
     np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), np.tanh(np.tanh(np.tanh(np.tanh(x)))), rtol=1e-5, atol=1e-6)
+
+
+def test_beside_threads_that_spin_after_their_calls_tvms_kernels_stay_on_one_thread(monkeypatch):
+    # PyTorch's OpenMP threads (oneDNN, MKL) hold their cores after each call: a parallel TVM
+    # kernel next waited for one, and entering oneDNN measured 8 ms.
+    from collage.candidates.backend import default_backends
+    from collage.measuring import build
+
+    mod = tvm.IRModule({"main": _snake((1, 32, 8000))})
+    assert "T.parallel" not in "".join(f.script() for f in relax_pipeline(host_target("llvm"), parallel=False)(mod).functions.values()
+                                       if isinstance(f, tirx.PrimFunc))  # fmt: skip
+    backends, seen = default_backends(), []
+    monkeypatch.setattr(build, "tvm_compile", lambda mod, target, parallel=True: seen.append(parallel))
+    for name in ("dnnl", "onnxruntime"):
+        build.compile_module(mod, "llvm", {"collage.kernel": backends[name]})
+    assert seen == [False, True] and backends["dnnl"].spins_after_calls

@@ -221,8 +221,12 @@ def compile_module(mod: tvm.IRModule, target="llvm", kernels: Mapping[str, Backe
     with CUDA graphs unless ``module_cuda_graph_blocker`` says why not: ``kernels`` names the
     backend of each library kernel ``mod`` calls (``kernel_backends``), and only graph-safe
     ones may be captured. With them, inputs and results are copied (``staged_at_the_edges``),
-    so that every kernel is in the graph."""
-    if not is_cuda(target) or module_cuda_graph_blocker(mod, kernels) is not None:
+    so that every kernel is in the graph. On the CPU, beside a library whose threads spin
+    after its calls (``Backend.spins_after_calls``), TVM's kernels stay on one thread
+    (``tvm_compile``'s ``parallel``)."""
+    if not is_cuda(target):
+        return tvm_compile(mod, target, parallel=not any(b.spins_after_calls for b in (kernels or {}).values()))
+    if module_cuda_graph_blocker(mod, kernels) is not None:
         return tvm_compile(mod, target)
     mod = staged_at_the_edges(mod)
     outer = tvm.transform.PassContext.current()  # keep what a caller set; add the switch
@@ -289,20 +293,21 @@ def _static(ty: relax.TensorType) -> bool:
         return False
 
 
-def tvm_compile(mod: tvm.IRModule, target):
+def tvm_compile(mod: tvm.IRModule, target, parallel: bool = True):
     """``tvm.compile`` of ``mod`` for ``target`` with TVM's own pipeline for the target, each
     function collage marked ``Primitive`` one fused kernel (``pipeline.relax_pipeline``). On
     the CPU, for this machine's own CPU (``host_target``), float32 transcendentals as loops
-    LLVM vectorizes (``fast_math``), element-wise kernels on every core; for CUDA, each power
-    of a small whole exponent first written as multiplications (``powers_as_multiplies``),
-    and each scan kernel simplification wrote (``loops``) in its GPU form."""
+    LLVM vectorizes (``fast_math``), element-wise kernels on every core unless not
+    ``parallel``; for CUDA, each power of a small whole exponent first written as
+    multiplications (``powers_as_multiplies``), and each scan kernel simplification wrote
+    (``loops``) in its GPU form."""
     if is_cuda(target):
         target = tvm.target.Target(target)
         mod = scan_kernels_for_the_gpu(powers_as_multiplies(mod))
     else:
         target = host_target(target)
         mod = with_fast_math(mod)
-    return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target))
+    return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target, parallel))
 
 
 def host_target(target) -> tvm.target.Target:

@@ -14,7 +14,8 @@ target with two additions:
   makes each constant of a group it forms a parameter; this does so for the groups collage
   formed.
 - on the CPU, after fusion, the element-wise kernels scheduled on every core
-  (``elementwise.ELEMENTWISE``), as the CUDA pipeline schedules every kernel there.
+  (``elementwise.ELEMENTWISE``), as the CUDA pipeline schedules every kernel there; not in
+  a module beside a library whose threads spin after its calls (``parallel``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ import tvm
 from tvm import relax
 
 
-def relax_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
+def relax_pipeline(target: tvm.target.Target, parallel: bool = True) -> tvm.transform.Pass:
     """TVM's default pipeline for ``target`` (CPU or CUDA), with collage's ``Primitive``
     functions' constants made parameters before fusion, and on the CPU its element-wise
-    kernels scheduled after it."""
+    kernels scheduled on every core after it, unless not ``parallel``: beside PyTorch's
+    OpenMP threads, which hold their cores spinning after each call, a parallel TVM kernel
+    waits for one (entering oneDNN after TVM's parallel ops measured 8 ms, against 0.02-0.04
+    for ONNX Runtime)."""
     from tvm.s_tir import dlight
 
     from .elementwise import ELEMENTWISE
@@ -38,7 +42,7 @@ def relax_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     legalize = list(pipeline.legalize_passes(target))
     fuse = next(k for k, p in enumerate(legalize) if p.info.name == "FuseOps")
     legalize.insert(fuse, constants_as_parameters)
-    if "gpu" not in target.keys:
+    if "gpu" not in target.keys and parallel:
         legalize.append(dlight.ApplyDefaultSchedule(ELEMENTWISE))
 
     @tvm.transform.module_pass(opt_level=0, name="CollagePipeline")
