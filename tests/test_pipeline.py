@@ -141,3 +141,19 @@ def test_beside_threads_that_spin_after_their_calls_tvms_kernels_stay_on_one_thr
     for name in ("dnnl", "onnxruntime"):
         build.compile_module(mod, "llvm", {"collage.kernel": backends[name]})
     assert seen == [False, True] and backends["dnnl"].spins_after_calls
+
+
+def test_a_module_fusion_refuses_is_built_unfused(monkeypatch):
+    # FuseTIR refused one of RecurrentGemma's groups ("Inconsistent buffers ... mapped to the
+    # same relax var"), and every entry point's optimization ended there.
+    from collage.measuring import build
+
+    @tvm.transform.module_pass(opt_level=0, name="RefusingFusion")
+    def refusing(mod, _ctx):
+        raise tvm.error.InternalError("Inconsistent buffers T_multiply and b mapped to the same relax var: lv6")
+
+    monkeypatch.setattr(build, "relax_pipeline", lambda target, parallel=True: refusing)
+    func = _snake((1, 32, 8000))
+    x = np.random.default_rng(0).standard_normal((1, 32, 8000)).astype("float32")
+    vm = relax.VirtualMachine(build.tvm_compile(tvm.IRModule({"main": func}), "llvm"), tvm.cpu())
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), run_reference(func, [x])[0], rtol=1e-5, atol=1e-6)

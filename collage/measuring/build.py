@@ -304,10 +304,16 @@ def tvm_compile(mod: tvm.IRModule, target, parallel: bool = True):
     if is_cuda(target):
         target = tvm.target.Target(target)
         mod = scan_kernels_for_the_gpu(powers_as_multiplies(mod))
-    else:
-        target = host_target(target)
-        mod = with_fast_math(mod)
-    return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target, parallel))
+        return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target))
+    target = host_target(target)
+    mod = with_fast_math(mod)
+    try:
+        return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target, parallel))
+    except tvm.error.InternalError:
+        # FuseTIR refuses some groups (RecurrentGemma's: "Inconsistent buffers T_multiply and
+        # b mapped to the same relax var"); TVM's target-agnostic pipeline fuses nothing and
+        # builds them, a kernel per operator, as collage did before it fused on the CPU.
+        return tvm.compile(mod, target=target)
 
 
 def host_target(target) -> tvm.target.Target:
