@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
+from tvm.s_tir import dlight
+
+from .elementwise import ELEMENTWISE
 
 
 def relax_pipeline(target: tvm.target.Target, parallel: bool = True) -> tvm.transform.Pass:
@@ -31,18 +34,15 @@ def relax_pipeline(target: tvm.target.Target, parallel: bool = True) -> tvm.tran
     OpenMP threads, which hold their cores spinning after each call, a parallel TVM kernel
     waits for one (entering oneDNN after TVM's parallel ops measured 8 ms, against 0.02-0.04
     for ONNX Runtime)."""
-    from tvm.s_tir import dlight
-
-    from .elementwise import ELEMENTWISE
-
-    if "gpu" in target.keys:
+    on_gpu = "gpu" in target.keys
+    if on_gpu:
         from tvm.relax.backend.cuda import pipeline
     else:
         from tvm.relax.backend.cpu_generic import pipeline
     legalize = list(pipeline.legalize_passes(target))
     fuse = next(k for k, p in enumerate(legalize) if p.info.name == "FuseOps")
     legalize.insert(fuse, constants_as_parameters)
-    if "gpu" not in target.keys and parallel:
+    if not on_gpu and parallel:
         legalize.append(dlight.ApplyDefaultSchedule(ELEMENTWISE))
 
     @tvm.transform.module_pass(opt_level=0, name="CollagePipeline")

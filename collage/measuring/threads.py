@@ -4,8 +4,9 @@ Each backend's ``compile`` gets its thread count as an argument (ONNX Runtime's 
 OpenVINO's sessions take it as an option). Two libraries have only one count per process:
 torch's intra-op threads (oneDNN, MKL), and TVM's thread pool, which reads
 ``TVM_NUM_THREADS`` once, when its first parallel kernel starts it. ``pin_threads`` sets
-those two before anything runs, in the optimizing process and in each measuring worker,
-and how long TVM's idle workers spin (``TVM_SPIN_COUNT``).
+those two before anything runs, in the optimizing process and in each measuring worker.
+How long TVM's idle workers spin (``TVM_SPIN_COUNT``) is set once, by ``import collage``
+(``quiet_tvm_workers``), which any import of this module runs first.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ def pin_threads(threads: int) -> None:
     threads then share that core with it (a 0.08 ms convolution took 16 ms). TVM's pool is
     sized by the variable only: it is TVM's interface for this, read in this process."""
     os.environ["TVM_NUM_THREADS"] = str(threads)
-    quiet_tvm_workers()
     import torch
 
     torch.set_num_threads(threads)
