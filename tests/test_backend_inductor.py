@@ -423,6 +423,7 @@ class Wide(torch.nn.Module):
         return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
 
 
+@pytest.mark.timed  # kept by the finalists' race
 def test_the_users_module_compiled_whole_is_kept_on_the_cpu_and_an_export_compiles_it_again(tmp_path, monkeypatch):
     """On the CPU inductor offers the user's own module compiled whole, as ``torch.compile``
     of it runs: kept here over untuned TVM, called through its own plain call, exported with

@@ -23,6 +23,9 @@ from experiments import models
 
 ENGINES = ("onnxruntime", "openvino")
 
+# The faster of two call paths, as timed here: alone on the machine (``make test``).
+pytestmark = pytest.mark.timed
+
 
 @pytest.fixture(scope="module")
 def mlp():

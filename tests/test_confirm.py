@@ -19,7 +19,7 @@ from collage.record import FinalistKind, FinalistName
 from collage.measuring.arrays import Reference
 from experiments import models
 
-pytestmark = pytest.mark.fresh_race
+pytestmark = [pytest.mark.fresh_race, pytest.mark.timed]  # races in fresh processes: alone on the machine
 
 ORT = FinalistName(FinalistKind.ENGINE_ALONE, "onnxruntime")
 OV = FinalistName(FinalistKind.ENGINE_ALONE, "openvino")

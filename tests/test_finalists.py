@@ -35,6 +35,9 @@ from experiments import models
 FAST = Timing(min_samples=3, max_samples=7, min_sample_ms=0.3, budget_s=0.3)
 ENGINES = ["tvm", "onnxruntime", "openvino"]
 
+# Races and their rules on real timings: alone on the machine (``make test``).
+pytestmark = pytest.mark.timed
+
 
 # -- the tie rule --
 

@@ -75,6 +75,7 @@ def test_time_call_stops_at_its_budget():
     assert cost.samples >= 3 and time.perf_counter() - start < 1.0
 
 
+@pytest.mark.timed
 def test_warm_up_lasts_while_calls_still_get_faster_and_no_longer():
     calls = []
 
@@ -265,6 +266,7 @@ def test_a_batch_that_does_not_compile_or_kills_its_worker_is_measured_one_by_on
     assert runner.started == 2  # the worker that aborted on the batch, and a fresh one
 
 
+@pytest.mark.timed
 def test_jobs_submitted_to_two_workers_run_at_once_and_an_overrun_says_its_own_time():
     workers = [WorkerProcess(threads=1) for _ in range(2)]
     try:
@@ -523,6 +525,7 @@ def test_a_block_is_timed_call_by_call_and_its_median_kept():
     assert 1.0 <= cost.median_ms < 2.5
 
 
+@pytest.mark.timed
 def test_the_settling_pause_lets_a_neighbours_spinning_threads_stop():
     # "noisy" slows whatever runs within 20 ms of it, as ONNX Runtime's spinning workers do.
     last_noisy = [0.0]

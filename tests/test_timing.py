@@ -5,7 +5,12 @@ time, whatever the pause's length."""
 import threading
 import time
 
+import pytest
+
 from collage.measuring.timing import SETTLE_MAX_S, Protocol, block_calls, settle, time_rounds
+
+# The pause is measured from the process's CPU time: alone on the machine (``make test``).
+pytestmark = pytest.mark.timed
 
 
 class Spinner:
