@@ -23,6 +23,8 @@ inference graph.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import tvm
@@ -123,9 +125,23 @@ class CompiledGraph:
         key = tuple(tuple(args[k].shape) for k in self.inputs) + tuple(int(args[k]) for k in self.sizes)
         if key not in self.optimized:
             program, inputs = exported(self.gm, args, self.weights)
-            self.optimized[key] = api.optimize_with(self.config, program, example_inputs=inputs, **self.arguments)
+            with _torch_threads_kept():
+                self.optimized[key] = api.optimize_with(self.config, program, example_inputs=inputs, **self.arguments)
             self.runs[key] = runner(self.optimized[key])
         return self.runs[key]
+
+
+@contextlib.contextmanager
+def _torch_threads_kept():
+    """torch's intra-op thread count as it was before, once optimizing (which sizes it to the
+    threads it measures on) is done: a graph with static shapes is optimized while dynamo
+    traces, and dynamo refuses a trace that changed it ("Global num_threads state changed
+    while dynamo tracing"). The module's calls size it again (``runner``)."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def runner(opt):
@@ -135,9 +151,10 @@ def runner(opt):
     whole model is one engine's kernel, that is the engine's own call, which ran MobileNetV1's
     graph in 300 us against 378 through ``main``'s buffers (ONNX Runtime, 2-core Xeon). On the
     GPU, and for a dtype numpy lacks (bfloat16), through DLPack to ``main``."""
-    main = opt.main
+    main, threads = opt.main, opt.threads
 
     def through_main(tensors):
+        _run_on(threads)
         result = main(*[tvm.runtime.from_dlpack(t) for t in tensors])
         if isinstance(result, tvm.runtime.Tensor):
             return (torch.from_dlpack(result),)
@@ -150,12 +167,20 @@ def runner(opt):
     def through_numpy(tensors):
         if any(t.dtype not in NUMPY_DTYPES for t in tensors):
             return through_main(tensors)
+        _run_on(threads)
         result = numpy(*[t.numpy() for t in tensors])
         if isinstance(result, np.ndarray):
             return (torch.from_numpy(result),)
         return tuple(torch.from_numpy(r) for r in result)
 
     return through_numpy
+
+
+def _run_on(threads: int) -> None:
+    """torch's intra-op threads (oneDNN's and MKL's kernels run on them) sized as they were
+    measured, where dynamo's trace left them as the user had them (``_torch_threads_kept``)."""
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 # The tensor dtypes a numpy array can view.

@@ -64,6 +64,22 @@ def test_a_graph_is_optimized_once_per_shape_and_matches_eager(optimized):
     assert used <= set(OPTIONS["backends"]) and all(opt.threads == 2 for opt in optimized)
 
 
+def test_torchs_own_thread_count_may_differ_from_collages(optimized):
+    """Optimized while dynamo traces, which refuses a trace that changed torch's thread count:
+    the count is the user's again after optimizing, and the module's calls run on collage's."""
+    model = SmallCnn().eval()
+    compiled = torch.compile(model, backend="collage", options=OPTIONS)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.randn(1, 3, 8, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        assert len(optimized) == 1 and torch.get_num_threads() == OPTIONS["threads"]
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_each_graph_of_a_model_with_a_graph_break_is_optimized(optimized):
     model = SmallCnn(graph_break=True).eval()
     compiled = torch.compile(model, backend="collage", options=OPTIONS)
