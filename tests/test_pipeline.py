@@ -144,8 +144,8 @@ def test_beside_threads_that_spin_after_their_calls_tvms_kernels_stay_on_one_thr
 
 
 def test_a_module_fusion_refuses_is_built_unfused(monkeypatch):
-    # FuseTIR refused one of RecurrentGemma's groups ("Inconsistent buffers ... mapped to the
-    # same relax var"), and every entry point's optimization ended there.
+    # A refusal of FuseTIR's had ended every entry point's optimization of RecurrentGemma
+    # (its cause is fixed: the test below); any other is built so.
     from collage.measuring import build
 
     @tvm.transform.module_pass(opt_level=0, name="RefusingFusion")
@@ -157,3 +157,54 @@ def test_a_module_fusion_refuses_is_built_unfused(monkeypatch):
     x = np.random.default_rng(0).standard_normal((1, 32, 8000)).astype("float32")
     vm = relax.VirtualMachine(build.tvm_compile(tvm.IRModule({"main": func}), "llvm"), tvm.cpu())
     np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), run_reference(func, [x])[0], rtol=1e-5, atol=1e-6)
+
+
+def _scan_groups() -> tvm.IRModule:
+    """Two TVM partitions calling simplification's scan kernel, as the assembly writes them:
+    one with an operator feeding it, one of the kernel alone."""
+    from collage.model.simplify.loops import scan_kernel
+
+    def tensors():
+        return [relax.Var(n, relax.TensorType(s, "float32")) for n, s in (("a", (1, 64, 256)), ("b", (1, 64, 256)), ("h0", (1, 256)))]
+
+    bb = relax.BlockBuilder()
+    scan = bb.add_func(scan_kernel(1, 64, 256, "float32"), "linear_recurrence")
+    out_ty = relax.TensorType((1, 64, 256), "float32")
+    for name, fed in (("fed", True), ("alone", False)):
+        a, b, h0 = tensors()
+        with bb.function(name, [a, b, h0], {"Primitive": True}, private=True):
+            with bb.dataflow():
+                b_in = bb.emit(relax.op.multiply(b, b)) if fed else b
+                out = bb.emit_output(relax.call_tir(scan, [a, b_in, h0], out_ty))
+            bb.emit_func_output(out)
+    mod = bb.get()
+    a, b, h0 = tensors()
+    with bb.function("main", [a, b, h0]):
+        with bb.dataflow():
+            fed = bb.emit(relax.Call(mod.get_global_var("fed"), [a, b, h0]))
+            out = bb.emit_output(relax.Tuple([fed, bb.emit(relax.Call(mod.get_global_var("alone"), [a, b, h0]))]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("target", [host_target("llvm"), SM90], ids=["cpu", "cuda"])
+def test_a_partition_calling_the_scan_kernel_is_fused_as_tvm_fuses_its_operators(target):
+    # FuseTIR fuses kernels written as blocks only, and refused the scan in any group, alone or
+    # fed ("Only schedulable functions ... can be fused"; fed by a legalized multiply,
+    # "Inconsistent buffers T_multiply and b mapped to the same relax var"): every module with
+    # the scan in a TVM partition (RecurrentGemma's, Mamba's) was built unfused.
+    from collage.model.simplify.loops import scan_kernels_for_the_gpu
+
+    mod = _scan_groups()
+    relax_pipeline(target)(scan_kernels_for_the_gpu(mod) if target is SM90 else mod)
+    if target is not SM90:
+        rng = np.random.default_rng(0)
+        a, b, h0 = (rng.random(s, dtype="float32") for s in ((1, 64, 256), (1, 64, 256), (1, 256)))
+        vm = relax.VirtualMachine(tvm_compile(mod, "llvm"), tvm.cpu())
+        fed, alone = (t.numpy() for t in vm["main"](*map(tvm.runtime.tensor, (a, b, h0))))
+        for got, b_in in ((fed, b * b), (alone, b)):
+            h, expected = h0, np.empty_like(a)
+            for t in range(64):
+                h = a[:, t] * h + b_in[:, t]
+                expected[:, t] = h
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -310,9 +310,9 @@ def tvm_compile(mod: tvm.IRModule, target, parallel: bool = True):
     try:
         return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target, parallel))
     except tvm.error.InternalError:
-        # FuseTIR refuses some groups (RecurrentGemma's: "Inconsistent buffers T_multiply and
-        # b mapped to the same relax var"); TVM's target-agnostic pipeline fuses nothing and
-        # builds them, a kernel per operator, as collage did before it fused on the CPU.
+        # A group FuseTIR still refuses (it refused every group calling the scan kernel until
+        # ``pipeline.unfusable_groups_ungrouped``): TVM's target-agnostic pipeline fuses
+        # nothing and builds it, a kernel per operator, as collage did before it fused on the CPU.
         return tvm.compile(mod, target=target)
 
 

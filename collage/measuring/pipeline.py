@@ -13,6 +13,12 @@ target with two additions:
   FuseTIR refuses them ("Tensor constants are not supported in primitive functions"). FuseOps
   makes each constant of a group it forms a parameter; this does so for the groups collage
   formed.
+- ``unfusable_groups_ungrouped`` before fusion: FuseTIR fuses only kernels written as blocks
+  (TVM's legalized operators are); a group calling one written already scheduled
+  (simplification's scan kernel) is no longer a group, and FuseOps fuses its operators as it
+  fuses any function's, that kernel a call of its own. FuseTIR had refused every module with
+  the scan in a TVM partition (Mamba's, RecurrentGemma's), alone or with the operators
+  feeding it, and the whole module was built unfused.
 - on the CPU, after fusion, the element-wise kernels scheduled on every core
   (``elementwise.ELEMENTWISE``), as the CUDA pipeline schedules every kernel there; not in
   a module beside a library whose threads spin after its calls (``parallel``).
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
+from tvm import s_tir
 from tvm.s_tir import dlight
 
 from .elementwise import ELEMENTWISE
@@ -41,7 +48,7 @@ def relax_pipeline(target: tvm.target.Target, parallel: bool = True) -> tvm.tran
         from tvm.relax.backend.cpu_generic import pipeline
     legalize = list(pipeline.legalize_passes(target))
     fuse = next(k for k, p in enumerate(legalize) if p.info.name == "FuseOps")
-    legalize.insert(fuse, constants_as_parameters)
+    legalize[fuse:fuse] = [unfusable_groups_ungrouped, constants_as_parameters]
     if not on_gpu and parallel:
         legalize.append(dlight.ApplyDefaultSchedule(ELEMENTWISE))
 
@@ -54,6 +61,36 @@ def relax_pipeline(target: tvm.target.Target, parallel: bool = True) -> tvm.tran
             )(mod)  # fmt: skip
 
     return passes
+
+
+@tvm.transform.module_pass(opt_level=0, name="UnfusableGroupsUngrouped")
+def unfusable_groups_ungrouped(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """``mod`` with each function marked ``Primitive`` that calls a kernel FuseTIR cannot fuse
+    (``_fusable``) unmarked: FuseOps then groups its operators by TVM's own rules."""
+    ungrouped = {gvar: func.without_attr("Primitive") for gvar, func in mod.functions_items()
+                 if isinstance(func, relax.Function) and func.attrs and func.attrs.get("Primitive")
+                 and not all(_fusable(mod[callee]) for callee in _kernels_called(func))}  # fmt: skip
+    if not ungrouped:
+        return mod
+    mod = mod.clone()
+    for gvar, func in ungrouped.items():
+        mod[gvar] = func
+    return mod
+
+
+def _kernels_called(func: relax.Function) -> list[tvm.ir.GlobalVar]:
+    """The PrimFuncs ``func``'s ``call_tir``s run."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    found = []
+    relax.analysis.post_order_visit(
+        func.body, lambda e: found.append(e.args[0]) if isinstance(e, relax.Call) and e.op.same_as(call_tir) else None
+    )
+    return found
+
+
+def _fusable(kernel) -> bool:
+    """Whether FuseTIR can fuse ``kernel``: a PrimFunc whose body is its root block."""
+    return isinstance(kernel, tvm.tirx.PrimFunc) and isinstance(kernel.body, s_tir.SBlockRealize)
 
 
 @tvm.transform.module_pass(opt_level=0, name="ConstantsAsParameters")
