@@ -43,7 +43,7 @@ def converted(w: models.Workload):
     from collage.candidates.onnx_convert import to_onnx
     from collage.candidates.subgraph import SubGraph
 
-    graph = DataflowGraph(collage.simplify(w.relax)["main"])
+    graph = DataflowGraph.from_module(collage.simplify(w.relax))  # its callees too (the scan kernel)
     model = to_onnx(SubGraph(graph, frozenset(range(len(graph)))).extract())
     for i, value in enumerate(model.graph.input):
         value.name, old = f"input{i}", value.name

@@ -644,6 +644,27 @@ def test_a_matmul_operand_broadcast_to_the_batch_the_matmul_broadcasts_to_anyway
     assert report.applied("matmul_broadcasts_itself") == 0 and weights(kept) == [(32, 16, 24)]
 
 
+def test_an_elementwise_operand_broadcast_to_the_shape_the_operator_broadcasts_to_anyway_stays_itself():
+    # RecurrentGemma's import: where(mask, state expanded to the sequence, constant), 128 times.
+    # Each was an Expand before a Where in the engines' file, which OpenVINO ran as a Broadcast
+    # between layout reorders.
+    mask, other = relax.const(_random(1, 64, 1) > 0), relax.const(_random(1, 64, 256))
+
+    def masked(bb, x, shape=(1, 64, 256)):
+        expanded = bb.emit(relax.op.broadcast_to(x, shape))
+        return relax.op.add(bb.emit(relax.op.where(mask, expanded, other)), bb.emit(relax.op.broadcast_to(x, shape)))
+
+    def broadcasts(mod):
+        return sum(getattr(b.value.op, "name", "") == "relax.broadcast_to" for b in mod["main"].body.blocks[0].bindings)
+
+    after, report = _simplify(_module((1, 1, 256), masked))
+    assert report.applied("elementwise_broadcasts_itself") == 2 and broadcasts(after) == 0
+    # Where the broadcast adds extents no other operand has, it is the result's own: it stays.
+    kept, report = _simplify(_module((1, 1, 256), lambda bb, x: relax.op.add(
+        bb.emit(relax.op.broadcast_to(x, (1, 64, 256))), relax.const(_random(256)))))
+    assert report.applied("elementwise_broadcasts_itself") == 0 and broadcasts(kept) == 1
+
+
 # --------------------------------------------------------------------------- constants and clean-up
 
 

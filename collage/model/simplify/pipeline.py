@@ -24,8 +24,9 @@ from .batch_norm import (BATCH_NORM_TO_AFFINE, FOLD_SCALE_INTO_CONV, FOLD_SCALE_
 from .branches import MERGE_SUMMED_CONVOLUTIONS, MERGE_SUMMED_MATMULS
 from .constants import FOLD_ARANGE, FOLD_BFLOAT16_CASTS, FOLD_INDEX_TENSOR, FOLD_PERMUTE_DIMS
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE, PAD_OF_NOTHING
-from .idioms import (CLIP_FROM_MAX_MIN, LINEAR_ON_ALL_AXES, MATMUL_BROADCASTS_ITSELF, MATMUL_ON_ALL_AXES,
-                     MATRIX_WEIGHT, MERGE_CLIPS, TE_CALLS_AS_OPS, WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
+from .idioms import (CLIP_FROM_MAX_MIN, ELEMENTWISE_BROADCASTS_ITSELF, LINEAR_ON_ALL_AXES, MATMUL_BROADCASTS_ITSELF,
+                     MATMUL_ON_ALL_AXES, MATRIX_WEIGHT, MERGE_CLIPS, TE_CALLS_AS_OPS,
+                     WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
 from .loops import LINEAR_RECURRENCE_AS_SCAN, STACKED_STEPS_BATCHED
 from .ops import binding_count, op_count
 from .safe_softmax import SAFE_SOFTMAX_OF_FINITE
@@ -76,6 +77,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     FOLD_PERMUTE_DIMS,  # a constant matmul operand's transpose, before FoldConstant folds the rest
     FOLD_BFLOAT16_CASTS,
     MATMUL_BROADCASTS_ITSELF,  # before FoldConstant, which would write a broadcast weight out
+    ELEMENTWISE_BROADCASTS_ITSELF,  # likewise
     TvmPass("FoldConstant", transform.FoldConstant),
     LINEAR_RECURRENCE_AS_SCAN,  # first: its scan's states are the slices the stacked steps then read
     STACKED_STEPS_BATCHED,
