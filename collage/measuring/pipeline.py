@@ -27,8 +27,7 @@ target with two additions:
 from __future__ import annotations
 
 import tvm
-from tvm import relax
-from tvm import s_tir
+from tvm import relax, s_tir
 from tvm.s_tir import dlight
 
 from .elementwise import ELEMENTWISE
