@@ -30,6 +30,7 @@ import tvm
 from tvm import relax, s_tir
 from tvm.s_tir import dlight
 
+from ..model.graph import called_functions
 from .elementwise import ELEMENTWISE
 
 
@@ -68,7 +69,7 @@ def unfusable_groups_ungrouped(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     (``_fusable``) unmarked: FuseOps then groups its operators by TVM's own rules."""
     ungrouped = {gvar: func.without_attr("Primitive") for gvar, func in mod.functions_items()
                  if isinstance(func, relax.Function) and func.attrs and func.attrs.get("Primitive")
-                 and not all(_fusable(mod[callee]) for callee in _kernels_called(func))}  # fmt: skip
+                 and not all(map(_fusable, _kernels_called(mod, func)))}  # fmt: skip
     if not ungrouped:
         return mod
     mod = mod.clone()
@@ -77,19 +78,14 @@ def unfusable_groups_ungrouped(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     return mod
 
 
-def _kernels_called(func: relax.Function) -> list[tvm.ir.GlobalVar]:
+def _kernels_called(mod: tvm.IRModule, func: relax.Function) -> list[tvm.tirx.PrimFunc]:
     """The PrimFuncs ``func``'s ``call_tir``s run."""
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    found = []
-    relax.analysis.post_order_visit(
-        func.body, lambda e: found.append(e.args[0]) if isinstance(e, relax.Call) and e.op.same_as(call_tir) else None
-    )
-    return found
+    return [f for f in called_functions(mod, func).values() if isinstance(f, tvm.tirx.PrimFunc)]
 
 
-def _fusable(kernel) -> bool:
-    """Whether FuseTIR can fuse ``kernel``: a PrimFunc whose body is its root block."""
-    return isinstance(kernel, tvm.tirx.PrimFunc) and isinstance(kernel.body, s_tir.SBlockRealize)
+def _fusable(kernel: tvm.tirx.PrimFunc) -> bool:
+    """Whether FuseTIR can fuse ``kernel``: its body is its root block."""
+    return isinstance(kernel.body, s_tir.SBlockRealize)
 
 
 @tvm.transform.module_pass(opt_level=0, name="ConstantsAsParameters")

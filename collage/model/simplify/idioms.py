@@ -365,11 +365,8 @@ def _unbroadcast_operands(matches: Matches, single_use: set) -> relax.Expr | Non
     shapes = static_shape(left), static_shape(right)
     if None in shapes or min(map(len, shapes)) < 2:
         return None
-    try:
-        batch = list(np.broadcast_shapes(tuple(shapes[0][:-2]), tuple(shapes[1][:-2])))
-    except ValueError:
-        return None
-    if batch + [shapes[0][-2], shapes[1][-1]] != static_shape(matches[_product_of_broadcast]):
+    batch = _broadcast(shapes[0][:-2], shapes[1][:-2])
+    if batch is None or batch + [shapes[0][-2], shapes[1][-1]] != static_shape(matches[_product_of_broadcast]):
         return None  # the broadcast adds axes or extents the matmul would not
     return relax.op.matmul(left, right, out_dtype=matches[_product_of_broadcast].attrs.out_dtype)
 
@@ -398,7 +395,7 @@ _broadcasting = functools.reduce(
 )
 
 
-def _operands_unbroadcast(matches: Matches, single_use: set) -> relax.Expr | None:
+def _elementwise_unbroadcast(matches: Matches, single_use: set) -> relax.Expr | None:
     call = matches[_broadcasting]
     arity = len(call.args)
     if not any(e in matches for e in _expanded[:arity]):
@@ -407,12 +404,19 @@ def _operands_unbroadcast(matches: Matches, single_use: set) -> relax.Expr | Non
     shapes = [static_shape(a) for a in args]
     if None in shapes:
         return None
+    result = _broadcast(*shapes)
+    if result is None or result != static_shape(call):
+        return None  # the broadcast adds axes or extents the operator would not
+    return relax.Call(call.op, args, call.attrs)
+
+
+def _broadcast(*shapes: list[int]) -> list[int] | None:
+    """The shape ``shapes`` broadcast to (NumPy's rules, which Relax's operators follow), or
+    None where they do not broadcast."""
     try:
-        if list(np.broadcast_shapes(*map(tuple, shapes))) != static_shape(call):
-            return None  # the broadcast adds axes or extents the operator would not
+        return list(np.broadcast_shapes(*map(tuple, shapes)))
     except ValueError:
         return None
-    return relax.Call(call.op, args, call.attrs)
 
 
 # An element-wise operand ``broadcast_to`` the shape the operator broadcasts it to anyway, as
@@ -421,7 +425,7 @@ def _operands_unbroadcast(matches: Matches, single_use: set) -> relax.Expr | Non
 # constant; each became an Expand before a Where, which OpenVINO ran as a Broadcast between
 # layout reorders (135 reorders against 7 on torch's file, 54 fewer fused subgraphs: 5.2 ms
 # against 4.0-4.1 without the Expands, on a 2-core Zen 4).
-ELEMENTWISE_BROADCASTS_ITSELF = PatternRewrite("elementwise_broadcasts_itself", _broadcasting, _operands_unbroadcast)
+ELEMENTWISE_BROADCASTS_ITSELF = PatternRewrite("elementwise_broadcasts_itself", _broadcasting, _elementwise_unbroadcast)
 
 
 _taken, _indices = wildcard(), is_const()
