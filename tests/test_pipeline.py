@@ -159,6 +159,23 @@ def test_a_module_fusion_refuses_is_built_unfused(monkeypatch):
     np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), run_reference(func, [x])[0], rtol=1e-5, atol=1e-6)
 
 
+def test_a_code_generation_error_is_raised_once(monkeypatch):
+    """Only the pipeline's refusals fall back to the unfused build: an error of LLVM's would
+    fail it too, after a second compile."""
+    from collage.measuring import build
+
+    built = []
+
+    def failing(mod, target=None, relax_pipeline="default", **kwargs):
+        built.append(relax_pipeline)
+        raise tvm.error.InternalError("LLVM ERROR: out of registers")
+
+    monkeypatch.setattr(build.tvm, "compile", failing)
+    with pytest.raises(tvm.error.InternalError, match="LLVM ERROR"):
+        build.tvm_compile(tvm.IRModule({"main": _snake((1, 4, 16))}), "llvm")
+    assert built == [None]  # code generation of the lowered module, once
+
+
 def _scan_groups() -> tvm.IRModule:
     """Two TVM partitions calling simplification's scan kernel, as the assembly writes them:
     one with an operator feeding it, one of the kernel alone."""

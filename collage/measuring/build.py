@@ -308,12 +308,14 @@ def tvm_compile(mod: tvm.IRModule, target, parallel: bool = True):
     target = host_target(target)
     mod = with_fast_math(mod)
     try:
-        return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target, parallel))
+        lowered = relax_pipeline(target, parallel)(mod)
     except tvm.error.InternalError:
         # A group FuseTIR still refuses (it refused every group calling the scan kernel until
         # ``pipeline.unfusable_groups_ungrouped``): TVM's target-agnostic pipeline fuses
         # nothing and builds it, a kernel per operator, as collage did before it fused on the CPU.
         return tvm.compile(mod, target=target)
+    # Code generation apart: an error of LLVM's would fail the unfused build too, paid twice.
+    return tvm.compile(lowered, target=target, relax_pipeline=None)
 
 
 def host_target(target) -> tvm.target.Target:
