@@ -24,7 +24,8 @@ from typing import Union
 import tvm
 from tvm import relax
 
-from ..model.graph import DataflowGraph, Node
+from ..model.graph import CALLEES_ATTR, DataflowGraph, Node
+from ..model.simplify.loops import SCAN_ATTR
 from .backend import Unsupported
 from .static import check_type, dtype_of, ints, number, static_ints, static_shape
 
@@ -54,13 +55,14 @@ class _FX:
     """An FX graph being built, the FX value of every Relax value, and the constants read.
 
     A dry run (``weights=False``) copies no constant out of TVM: enough to learn whether
-    one binding converts."""
+    one binding converts. ``callees`` are the PrimFuncs the function's ``call_tir``s run."""
 
-    def __init__(self, device: str = "cpu", weights: bool = True):
+    def __init__(self, device: str = "cpu", weights: bool = True, callees=None):
         import torch.fx
 
         self.graph = torch.fx.Graph()
         self.device, self.weights = device, weights
+        self.callees = callees if callees is not None else {}  # GlobalVar -> PrimFunc
         self.values: dict[relax.Expr, Value] = {}
         self.constants: dict[str, object] = {}  # buffer name -> torch tensor
 
@@ -461,6 +463,25 @@ def _arange(g, call):
     return g.call(_aten().arange.start_step, start, end, step, dtype=_torch_dtype(dtype_of(call.ty)), device=g.device)
 
 
+@_converts("relax.call_tir")
+def _call_tir(g, call):
+    """Simplification's scan kernel (``linear_recurrence_as_scan``: ``h_t = a_t * h_(t-1) + b_t``
+    along axis 1 of (outer, length, inner) tensors) written out step by step, as the loop it
+    came from: inductor then takes a region around it (RecurrentGemma's RG-LRU, Mamba's
+    selective scan), and fuses each step's multiply-add."""
+    callee = g.callees.get(call.args[0]) if call.args[0] in g.callees else None
+    _require(isinstance(callee, tvm.tirx.PrimFunc) and callee.attrs is not None and SCAN_ATTR in callee.attrs, call,
+             "a PrimFunc other than simplification's linear recurrence")  # fmt: skip
+    aten = _aten()
+    a, b, h0 = (g.tensor(arg) for arg in call.args[1].fields)
+    state, states = g.call(aten.unsqueeze.default, h0, 1), []
+    for t in range(static_shape(call.ty)[1]):
+        a_t, b_t = (g.call(aten.slice.Tensor, x, 1, t, t + 1) for x in (a, b))
+        state = g.call(aten.add.Tensor, g.call(aten.mul.Tensor, a_t, state), b_t)
+        states.append(state)
+    return g.call(aten.cat.default, states, 1)
+
+
 # --------------------------------------------------------------------------- bindings and functions
 
 
@@ -498,7 +519,7 @@ def to_fx(func: relax.Function, device: str = "cpu"):
     import torch
     import torch.fx
 
-    g = _FX(device)
+    g = _FX(device, callees=func.attrs.get(CALLEES_ATTR) if func.attrs else None)
     for param in func.params:
         if not isinstance(param.ty, relax.TensorType):
             raise Unsupported(f"parameter {param.name} of type {param.ty} is not a tensor")
@@ -521,7 +542,7 @@ def to_fx(func: relax.Function, device: str = "cpu"):
 def supports(graph: DataflowGraph, node: Node) -> str | None:
     """None when ``node`` converts to torch.fx, else why not (operator, dtype or attribute)."""
     try:
-        _convert_binding(_FX(weights=False), node.var, node.value)
+        _convert_binding(_FX(weights=False, callees=graph.callees), node.var, node.value)
     except Unsupported as reason:
         return str(reason)
     return None
