@@ -150,7 +150,8 @@ def test_what_the_importer_lacks_is_imported_decomposed(model, shape):
 class RelativePositions(torch.nn.Module):
     """Parakeet's relative positions: an ``arange`` counting down, made under ``torch.no_grad``
     (a sub-graph of the exported program), its sines and cosines interleaved by a reshape; and
-    a one-sided clamp of integer indices, as SAM's interpolated positions clamp theirs."""
+    a one-sided clamp of integer indices, as SAM's interpolated positions clamp theirs; and
+    XLNet's, counting down by a float step in integers."""
 
     @torch.no_grad()
     def positions(self, count: int):
@@ -160,7 +161,8 @@ class RelativePositions(torch.nn.Module):
         ids = self.positions(x.shape[1])
         freqs = ids[:, None].float() * torch.arange(1, 5).float()
         table = torch.stack([freqs.sin(), freqs.cos()], dim=-1).reshape(len(ids), 8)
-        return x @ table[: x.shape[1]], x[:, torch.clamp(ids, min=0)]
+        xlnet = torch.arange(x.shape[1], -x.shape[1], -1.0, dtype=torch.int64).float()
+        return x @ table[: x.shape[1]], x[:, torch.clamp(ids, min=0)], xlnet
 
 
 def test_what_the_importer_declares_or_compiles_wrong_is_imported_as_torch_computes_it():

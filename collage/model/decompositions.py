@@ -180,7 +180,9 @@ def _arange_counting_down(start, end, step=1, *, dtype=None, layout=None, device
     TVM 0.27's ``relax.op.arange`` computes the values of a negative step right but declares
     its length as if the step were positive (``arange(12, -13, -1)``: 25 values, a declared
     shape of 27), so the first reshape of it fails (Parakeet's relative positions) or, where
-    nothing checks, the shapes that follow are wrong."""
+    nothing checks, the shapes that follow are wrong. The values keep the arange's dtype:
+    XLNet's ``arange(beg, end, -1.0, dtype=torch.int64)``, scaled by the float step, had come
+    out float32, and the program's own check of its dtype failed the import."""
     import torch
 
     numbers = (start, end, step)
@@ -189,7 +191,10 @@ def _arange_counting_down(start, end, step=1, *, dtype=None, layout=None, device
     if dtype is None:
         dtype = torch.int64 if all(isinstance(v, int) for v in numbers) else torch.get_default_dtype()
     count = max(math.ceil((end - start) / step), 0)
-    return torch.arange(count, dtype=dtype, device=device) * step + start
+    if not dtype.is_floating_point and all(float(v).is_integer() for v in numbers):
+        start, step = int(start), int(step)  # integer arithmetic: exact, and of the arange's dtype
+    values = torch.arange(count, dtype=dtype, device=device) * step + start
+    return values if values.dtype == dtype else values.to(dtype)
 
 
 def with_aranges_counting_up(program):
