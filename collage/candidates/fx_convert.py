@@ -25,7 +25,7 @@ import tvm
 from tvm import relax
 
 from ..model.graph import CALLEES_ATTR, DataflowGraph, Node
-from ..model.simplify.loops import SCAN_ATTR
+from ..model.simplify.loops import is_scan_kernel
 from .backend import Unsupported
 from .static import check_type, dtype_of, ints, number, static_ints, static_shape
 
@@ -469,9 +469,8 @@ def _call_tir(g, call):
     along axis 1 of (outer, length, inner) tensors) written out step by step, as the loop it
     came from: inductor then takes a region around it (RecurrentGemma's RG-LRU, Mamba's
     selective scan), and fuses each step's multiply-add."""
-    callee = g.callees.get(call.args[0]) if call.args[0] in g.callees else None
-    _require(isinstance(callee, tvm.tirx.PrimFunc) and callee.attrs is not None and SCAN_ATTR in callee.attrs, call,
-             "a PrimFunc other than simplification's linear recurrence")  # fmt: skip
+    what = "a PrimFunc other than simplification's linear recurrence"
+    _require(is_scan_kernel(g.callees.get(call.args[0])), call, what)
     aten = _aten()
     a, b, h0 = (g.tensor(arg) for arg in call.args[1].fields)
     state, states = g.call(aten.unsqueeze.default, h0, 1), []

@@ -31,7 +31,7 @@ from onnx import helper, numpy_helper
 from tvm import relax
 
 from ..model.graph import CALLEES_ATTR, DataflowGraph, Node
-from ..model.simplify.loops import SCAN_ATTR
+from ..model.simplify.loops import is_scan_kernel
 from ..model.frontend import IR_VERSION, OPSET
 from ..model.onnx_nodes import NodeWriter, attributes
 from .backend import Unsupported
@@ -885,9 +885,8 @@ def _call_tir(g, call):
     torch's exporter writes the loop it came from: the engines then take the graph around it
     whole. RecurrentGemma's RG-LRU, rolled into two scans, kept ONNX Runtime and OpenVINO from
     its whole model, and its Relax module ran 0.45x of OpenVINO on torch's file (stop 72)."""
-    callee = g.callees.get(call.args[0]) if call.args[0] in g.callees else None
-    _require(isinstance(callee, tvm.tirx.PrimFunc) and callee.attrs is not None and SCAN_ATTR in callee.attrs, call,
-             "a PrimFunc other than simplification's linear recurrence")  # fmt: skip
+    what = "a PrimFunc other than simplification's linear recurrence"
+    _require(is_scan_kernel(g.callees.get(call.args[0])), call, what)
     a, b, h0 = (g.tensor(arg) for arg in call.args[1].fields)
     length = static_shape(call.ty)[1]
     state, states = g.op("Unsqueeze", [h0, g.ints([1])]), []

@@ -173,11 +173,16 @@ def scan_kernel(outer: int, length: int, inner: int, dtype: str, gpu: bool = Fal
     return on_the_gpu if gpu else on_the_cpu
 
 
+def is_scan_kernel(func) -> bool:
+    """Whether ``func`` (a module function, or None) is a scan kernel ``scan_kernel`` wrote."""
+    return isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and SCAN_ATTR in func.attrs
+
+
 def scan_kernels_for_the_gpu(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each scan kernel (``SCAN_ATTR``) in its GPU form."""
     rewritten = mod
     for gvar, func in mod.functions_items():
-        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and SCAN_ATTR in func.attrs:
+        if is_scan_kernel(func):
             a = func.params[0]  # a buffer (outer, length, inner)
             if rewritten is mod:
                 rewritten = mod.clone()
