@@ -182,15 +182,12 @@ def _run_on(threads: int):
     measured for one call, then the user's again: dynamo guards the compiled frame on the
     count it traced with, and a call leaving collage's would have each graph traced and
     optimized a second time. Resizing costs well under a microsecond (2-core Zen 4)."""
-    users = torch.get_num_threads()
-    if users == threads:
+    if torch.get_num_threads() == threads:
         yield
         return
-    torch.set_num_threads(threads)
-    try:
+    with _torch_threads_kept():
+        torch.set_num_threads(threads)
         yield
-    finally:
-        torch.set_num_threads(users)
 
 
 # The tensor dtypes a numpy array can view.
