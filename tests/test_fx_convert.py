@@ -64,21 +64,24 @@ def test_every_converter_is_tested():
     assert set(CONVERTERS) - tested == {"relax.call_tir"}
 
 
-def test_a_rolled_up_recurrence_is_written_out_again_for_inductor():
+@pytest.mark.parametrize("kind", ["linear", "element-wise"])
+def test_a_rolled_up_recurrence_is_written_out_again_for_inductor(kind):
     from collage.candidates.subgraph import SubGraph
     from collage.model.frontend import import_model
-    from tests.test_onnx_convert import Recurrence
+    from tests.test_onnx_convert import rolled_up_recurrences
 
     import collage
 
+    net = dict(zip(["linear", "element-wise"], rolled_up_recurrences()))[kind].eval()
     a, b = torch.rand(2, 12, 16), torch.randn(2, 12, 16)
-    graph = DataflowGraph.from_module(collage.simplify(import_model(Recurrence().eval(), example_inputs=(a, b)).mod))
-    assert "relax.call_tir" in {node.op for node in graph}  # the loop, one scan kernel
+    graph = DataflowGraph.from_module(collage.simplify(import_model(net, example_inputs=(a, b)).mod))
+    assert "relax.call_tir" in {node.op for node in graph}  # the loop, one kernel
     assert {node.op: why for node in graph if (why := supports(graph, node))} == {}
     func = SubGraph(graph, frozenset(range(len(graph)))).extract()
     got = run_fx(func, [a.numpy(), b.numpy()])
     assert mismatch(got, run_reference(func, [a.numpy(), b.numpy()])) is None
-    assert mismatch(got, [Recurrence()(a, b).numpy()]) is None
+    with torch.no_grad():
+        assert mismatch(got, [net(a, b).numpy()]) is None
 
 
 def test_what_does_not_convert_says_why():

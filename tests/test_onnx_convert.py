@@ -271,6 +271,8 @@ CASES = [
                                    IDS)),
     ("pad_constant", function(lambda x: nn.pad(x, [0, 0, 0, 0, 0, 1, 1, 2], pad_value=0.5), IMG)),
     ("pad_int", function(lambda a: nn.pad(a, [1, 0, 2, 2], pad_value=7), IDS)),
+    # RWKV's token shift: a token in front, the last dropped (a crop, then a pad)
+    ("pad_negative", function(lambda x: nn.pad(x, [0, 0, 0, 0, 1, -1, -2, 1]), IMG)),
     ("pad_reflect", function(lambda x: nn.pad(x, [0, 0, 0, 0, 2, 1, 1, 3], pad_mode="reflect"), IMG)),
     ("pad_replicate", function(lambda x: nn.pad(x, [0, 0, 1, 0, 0, 2], pad_mode="replicate"), X)),
     ("resize_nearest", function(  # torch's interpolate(scale_factor=2, mode="nearest")
@@ -326,19 +328,28 @@ class Recurrence(torch.nn.Module):
         return torch.stack(states, 1).tanh()
 
 
-def test_a_rolled_up_recurrence_is_written_out_again_for_the_engines():
+def rolled_up_recurrences():
+    """The loops simplification rolls into a kernel: the linear one (RG-LRU) and RWKV's."""
+    from tests.test_recurrences import TimeMixing
+
+    return [Recurrence(), TimeMixing()]
+
+
+@pytest.mark.parametrize("net", rolled_up_recurrences(), ids=["linear", "element-wise"])
+def test_a_rolled_up_recurrence_is_written_out_again_for_the_engines(net):
     from collage.model.frontend import import_model
 
     a, b = torch.rand(2, 12, 16), torch.randn(2, 12, 16)
-    simplified = collage.simplify(import_model(Recurrence().eval(), example_inputs=(a, b)).mod)
+    simplified = collage.simplify(import_model(net.eval(), example_inputs=(a, b)).mod)
     graph = DataflowGraph.from_module(simplified)
-    assert "relax.call_tir" in {node.op for node in graph}  # the loop, one scan kernel
+    assert "relax.call_tir" in {node.op for node in graph}  # the loop, one kernel
     func = SubGraph(graph, frozenset(range(len(graph)))).extract()
     arrays = [a.numpy(), b.numpy()]
     session = ort.InferenceSession(to_onnx(func).SerializeToString(), providers=["CPUExecutionProvider"])
     got = session.run(None, dict(zip([i.name for i in session.get_inputs()], arrays)))
     assert mismatch(got, run_reference(func, arrays)) is None
-    assert mismatch(got, [Recurrence()(a, b).numpy()]) is None
+    with torch.no_grad():
+        assert mismatch(got, [net(a, b).numpy()]) is None
 
 
 def test_model_format():

@@ -26,6 +26,7 @@ from tvm import relax
 
 from ..model.graph import CALLEES_ATTR, DataflowGraph, Node
 from ..model.simplify.loops import is_scan_kernel
+from ..model.simplify.recurrences import RECURRENCE_ATTR, KernelSpec, is_recurrence_kernel
 from .backend import Unsupported
 from .static import check_type, dtype_of, ints, number, static_ints, static_shape
 
@@ -469,8 +470,11 @@ def _call_tir(g, call):
     along axis 1 of (outer, length, inner) tensors) written out step by step, as the loop it
     came from: inductor then takes a region around it (RecurrentGemma's RG-LRU, Mamba's
     selective scan), and fuses each step's multiply-add."""
-    what = "a PrimFunc other than simplification's linear recurrence"
-    _require(is_scan_kernel(g.callees.get(call.args[0])), call, what)
+    kernel = g.callees.get(call.args[0])
+    if is_recurrence_kernel(kernel):
+        return _recurrence(g, call, KernelSpec.from_json(str(kernel.attrs[RECURRENCE_ATTR])))
+    what = "a PrimFunc other than simplification's recurrences"
+    _require(is_scan_kernel(kernel), call, what)
     aten = _aten()
     a, b, h0 = (g.tensor(arg) for arg in call.args[1].fields)
     state, states = g.call(aten.unsqueeze.default, h0, 1), []
@@ -479,6 +483,38 @@ def _call_tir(g, call):
         state = g.call(aten.add.Tensor, g.call(aten.mul.Tensor, a_t, state), b_t)
         states.append(state)
     return g.call(aten.cat.default, states, 1)
+
+
+# The operators of a recurrence kernel's step (``recurrences._LANE_OPS``) as aten's.
+_LANE_OPS = {"relax.add": "add.Tensor", "relax.subtract": "sub.Tensor", "relax.multiply": "mul.Tensor",
+             "relax.divide": "div.Tensor", "relax.maximum": "maximum.default", "relax.minimum": "minimum.default",
+             "relax.power": "pow.Tensor_Tensor", "relax.exp": "exp.default", "relax.log": "log.default",
+             "relax.sqrt": "sqrt.default", "relax.rsqrt": "rsqrt.default", "relax.tanh": "tanh.default",
+             "relax.sigmoid": "sigmoid.default", "relax.negative": "neg.default", "relax.abs": "abs.default"}  # fmt: skip
+
+
+def _recurrence(g, call, spec: KernelSpec):
+    """A recurrence kernel (``elementwise_recurrence_as_scan``) written out step by step,
+    each value (outer, 1, inner), as the loop it came from: inductor fuses each step."""
+    aten = _aten()
+    args = [g.tensor(arg) for arg in call.args[1].fields]
+    tensors = args[: len(spec.lengths)]
+    rest = [g.call(aten.unsqueeze.default, x, 1) for x in args[len(spec.lengths) :]]
+    outside, state = rest[: spec.outside], dict(zip(spec.states, rest[spec.outside :]))
+    outputs: dict[int, list] = {j: [] for j in spec.outputs}
+    for t in range(spec.steps):
+        at = spec.first_index + t
+        values: list = []
+        for name, operands in spec.template:
+            operands = [values[i] if kind == "node" else outside[i] if kind == "outside" else state[i] if kind == "state"
+                        else g.call(aten.slice.Tensor, tensors[i], 1, at, at + 1) for kind, i in operands]  # fmt: skip
+            packet, overload = _LANE_OPS[name].split(".")
+            values.append(g.call(getattr(getattr(aten, packet), overload), *operands))
+        for j in spec.outputs:
+            outputs[j].append(values[j])
+        state = {j: values[j] for j in spec.states}
+    stacked = [g.call(aten.cat.default, outputs[j], 1) for j in spec.outputs]
+    return stacked[0] if len(stacked) == 1 else stacked
 
 
 # --------------------------------------------------------------------------- bindings and functions

@@ -32,6 +32,7 @@ from tvm import relax
 
 from ..model.graph import CALLEES_ATTR, DataflowGraph, Node
 from ..model.simplify.loops import is_scan_kernel
+from ..model.simplify.recurrences import RECURRENCE_ATTR, KernelSpec, is_recurrence_kernel
 from ..model.frontend import IR_VERSION, OPSET
 from ..model.onnx_nodes import NodeWriter, attributes
 from .backend import Unsupported
@@ -763,8 +764,16 @@ def _pad(g, call):
     # ONNX Pad's wrap mode (Relax's circular) came in opset 19.
     _require(str(a.pad_mode) in _PAD_MODES, call, f"pad_mode {a.pad_mode!r}")
     widths = ints(a.pad_width)  # before and after, axis by axis
-    _require(min(widths) >= 0, call, f"negative pad_width {widths}")
-    inputs = [g.tensor(call.args[0]), g.ints(widths[::2] + widths[1::2])]
+    x = g.tensor(call.args[0])
+    if min(widths) < 0:  # a crop (RWKV's token shift pads one token before and drops the last)
+        _require(a.pad_mode == "constant", call, f"negative pad_width {widths} with pad_mode {a.pad_mode!r}")
+        shape = static_shape(call.args[0].ty)
+        axes = [axis for axis in range(len(shape)) if min(widths[2 * axis : 2 * axis + 2]) < 0]
+        starts = [max(-widths[2 * axis], 0) for axis in axes]
+        ends = [shape[axis] - max(-widths[2 * axis + 1], 0) for axis in axes]
+        x = g.op("Slice", [x, g.ints(starts), g.ints(ends), g.ints(axes)])
+        widths = [max(w, 0) for w in widths]
+    inputs = [x, g.ints(widths[::2] + widths[1::2])]
     if a.pad_mode == "constant":
         inputs.append(g.scalar(float(a.pad_value), dtype_of(call.ty)))
     return g.op("Pad", inputs, mode=_PAD_MODES[str(a.pad_mode)])
@@ -885,8 +894,11 @@ def _call_tir(g, call):
     torch's exporter writes the loop it came from: the engines then take the graph around it
     whole. RecurrentGemma's RG-LRU, rolled into two scans, kept ONNX Runtime and OpenVINO from
     its whole model, and its Relax module ran 0.45x of OpenVINO on torch's file (stop 72)."""
-    what = "a PrimFunc other than simplification's linear recurrence"
-    _require(is_scan_kernel(g.callees.get(call.args[0])), call, what)
+    kernel = g.callees.get(call.args[0])
+    if is_recurrence_kernel(kernel):
+        return _recurrence(g, call, KernelSpec.from_json(str(kernel.attrs[RECURRENCE_ATTR])))
+    what = "a PrimFunc other than simplification's recurrences"
+    _require(is_scan_kernel(kernel), call, what)
     a, b, h0 = (g.tensor(arg) for arg in call.args[1].fields)
     length = static_shape(call.ty)[1]
     state, states = g.op("Unsqueeze", [h0, g.ints([1])]), []
@@ -896,6 +908,37 @@ def _call_tir(g, call):
         state = g.op("Add", [g.op("Mul", [a_t, state]), b_t])
         states.append(state)
     return g.op("Concat", states, axis=1) if length > 1 else states[0]
+
+
+# The operators of a recurrence kernel's step (``recurrences._LANE_OPS``) as ONNX's.
+_LANE_OPS = {"relax.add": "Add", "relax.subtract": "Sub", "relax.multiply": "Mul", "relax.divide": "Div",
+             "relax.maximum": "Max", "relax.minimum": "Min", "relax.power": "Pow", "relax.exp": "Exp",
+             "relax.log": "Log", "relax.sqrt": "Sqrt", "relax.tanh": "Tanh", "relax.sigmoid": "Sigmoid",
+             "relax.negative": "Neg", "relax.abs": "Abs"}  # fmt: skip
+
+
+def _recurrence(g, call, spec: KernelSpec) -> Names:
+    """A recurrence kernel (``elementwise_recurrence_as_scan``) written out step by step
+    again, each value (outer, 1, inner), as the exporter wrote the loop: RWKV's time mixing
+    then runs on an engine with the rest of the model."""
+    args = [g.tensor(arg) for arg in call.args[1].fields]
+    tensors, rest = args[: len(spec.lengths)], [g.op("Unsqueeze", [x, g.ints([1])]) for x in args[len(spec.lengths) :]]
+    outside, state = rest[: spec.outside], dict(zip(spec.states, rest[spec.outside :]))
+    outputs: dict[int, list[str]] = {j: [] for j in spec.outputs}
+    for t in range(spec.steps):
+        at = spec.first_index + t
+        values: list[str] = []
+        for name, operands in spec.template:
+            operands = [values[i] if kind == "node" else outside[i] if kind == "outside" else state[i] if kind == "state"
+                        else g.op("Slice", [tensors[i], g.ints([at]), g.ints([at + 1]), g.ints([1])])
+                        for kind, i in operands]  # fmt: skip
+            values.append(g.op("Reciprocal", [g.op("Sqrt", operands)]) if name == "relax.rsqrt"
+                          else g.op(_LANE_OPS[name], operands))  # fmt: skip
+        for j in spec.outputs:
+            outputs[j].append(values[j])
+        state = {j: values[j] for j in spec.states}
+    stacked = [g.op("Concat", outputs[j], axis=1) if spec.steps > 1 else outputs[j][0] for j in spec.outputs]
+    return stacked[0] if len(stacked) == 1 else stacked
 
 
 def _convert_call(g: _Graph, call: relax.Call) -> Names:

@@ -179,14 +179,20 @@ def is_scan_kernel(func) -> bool:
 
 
 def scan_kernels_for_the_gpu(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each scan kernel (``SCAN_ATTR``) in its GPU form."""
+    """``mod`` with each scan kernel (``SCAN_ATTR``) and each recurrence kernel
+    (``recurrences``) in its GPU form."""
+    from .recurrences import for_the_gpu, is_recurrence_kernel  # it builds on this module
+
     rewritten = mod
     for gvar, func in mod.functions_items():
-        if is_scan_kernel(func):
-            a = func.params[0]  # a buffer (outer, length, inner)
+        if is_scan_kernel(func) or is_recurrence_kernel(func):
             if rewritten is mod:
                 rewritten = mod.clone()
+        if is_scan_kernel(func):
+            a = func.params[0]  # a buffer (outer, length, inner)
             rewritten[gvar] = scan_kernel(*(int(d) for d in a.shape), str(a.dtype), gpu=True)
+        elif is_recurrence_kernel(func):
+            rewritten[gvar] = for_the_gpu(func)
     return rewritten
 
 
@@ -233,13 +239,19 @@ class LinearRecurrenceAsScan:
     name = "linear_recurrence_as_scan"
 
     def apply(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
-        found = {gvar: chains for gvar, func in _functions(mod) if (chains := _chains(func))}
-        if not found:
-            return mod, 0
-        rewriter = _Scanned(mod, [chain for chains in found.values() for chain in chains])
-        for gvar in found:
-            rewriter.builder_.update_func(gvar, relax.analysis.remove_all_unused(rewriter.visit_expr(mod[gvar])))
-        return rewriter.builder_.get(), sum(len(chains) for chains in found.values())
+        return rewritten(mod, {gvar: chains for gvar, func in _functions(mod) if (chains := _chains(func))}, _Scanned)
+
+
+def rewritten(mod: tvm.IRModule, found: dict, rewriter) -> tuple[tvm.IRModule, int]:
+    """``mod`` with each function of ``found`` (its global -> the loops found in it) visited by
+    ``rewriter`` (made of ``mod`` and every loop), what no longer is read dropped; and how many
+    loops were rolled up."""
+    if not found:
+        return mod, 0
+    visitor = rewriter(mod, [loop for loops in found.values() for loop in loops])
+    for gvar in found:
+        visitor.builder_.update_func(gvar, relax.analysis.remove_all_unused(visitor.visit_expr(mod[gvar])))
+    return visitor.builder_.get(), sum(len(loops) for loops in found.values())
 
 
 LINEAR_RECURRENCE_AS_SCAN = LinearRecurrenceAsScan()

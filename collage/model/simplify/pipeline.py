@@ -28,6 +28,7 @@ from .idioms import (CLIP_FROM_MAX_MIN, ELEMENTWISE_BROADCASTS_ITSELF, LINEAR_ON
                      MATMUL_ON_ALL_AXES, MATRIX_WEIGHT, MERGE_CLIPS, TE_CALLS_AS_OPS,
                      WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
 from .loops import LINEAR_RECURRENCE_AS_SCAN, STACKED_STEPS_BATCHED
+from .recurrences import ELEMENTWISE_RECURRENCE_AS_SCAN
 from .ops import binding_count, op_count
 from .safe_softmax import SAFE_SOFTMAX_OF_FINITE
 from .transposes import COMPOSE_PERMUTE_DIMS, IDENTITY_PERMUTE_DIMS, MATMUL_OF_TRANSPOSES, PERMUTE_DIMS_OF_UNIT_AXES
@@ -80,6 +81,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     ELEMENTWISE_BROADCASTS_ITSELF,  # likewise
     TvmPass("FoldConstant", transform.FoldConstant),
     LINEAR_RECURRENCE_AS_SCAN,  # first: its scan's states are the slices the stacked steps then read
+    ELEMENTWISE_RECURRENCE_AS_SCAN,  # the recurrences the linear one is not
     STACKED_STEPS_BATCHED,
     SAFE_SOFTMAX_OF_FINITE,
     CLIP_FROM_MAX_MIN,
