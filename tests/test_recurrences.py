@@ -81,7 +81,33 @@ def test_rwkvs_time_mixing_becomes_one_recurrence_kernel(lag):
     # The first tokens and the last differ from the rest (constant initial states, states
     # unused after the last) and stay unrolled, a few tokens' four exps each; the rest is one call.
     assert op_histogram(simplified)["relax.exp"] <= 5 * 4 < 24 * 4
+    # The outputs written in turn (``out[:, t] = ...``, a ``where`` a token) are one concat of
+    # the unrolled tokens' values and one slice of the kernel's output.
+    assert "relax.where" not in op_histogram(simplified)
+    assert op_histogram(simplified)["relax.strided_slice"] == 1
     assert op_count(simplified) < op_count(mod) / 2
+
+
+class WrittenInTurn(nn.Module):
+    """``out[:, t] = x[:, t] * t`` for the tokens from ``first``: a token before it is never
+    written, and keeps the zeros the output started with."""
+
+    def __init__(self, first=0):
+        super().__init__()
+        self.first = first
+
+    def forward(self, k, v):
+        out = torch.zeros_like(k)
+        for t in range(self.first, k.shape[1]):
+            out[:, t] = k[:, t] * t + v[:, t]
+        return out
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_writes_to_every_index_in_turn_are_one_concat_and_others_stay(first):
+    _, simplified, report = _simplified(WrittenInTurn(first), tokens=6)
+    assert report.applied("written_slices_stacked") == (first == 0)
+    assert ("relax.where" in op_histogram(simplified)) == (first > 0)
 
 
 @pytest.mark.parametrize("net, tokens", [(Elman(), 24), (TimeMixing(), 6)], ids=["matrix-product", "too-short"])

@@ -20,6 +20,14 @@ numbers; OpenVINO ran the model in 4.6 ms where ``torch.compile`` of the module 
   concat put it. The same operators on the same numbers, batched. Only operators whose
   batched form is known are carried (``_Batched``: element-wise ones, matmul, take,
   expand_dims, squeeze, permute_dims, reshape, reductions); any other leaves the loop as it is.
+- ``written_slices_stacked``: ``out[:, t] = x`` in a loop, which torch.export writes as a
+  ``where`` on a constant mask true at index t, in a chain through every index, becomes a
+  ``concat`` of what was written (RWKV: 64 ``where``s a layer, each over the whole output).
+- ``consecutive_slices_joined``: fields of a ``concat`` that are slices of one tensor at
+  consecutive indices of its axis (each given that axis back) become one slice of it: a loop
+  rolled into a kernel (``recurrences``) then hands its output over whole.
+
+The element-wise recurrences the linear one is not are ``recurrences``'.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -430,23 +439,117 @@ def _stacked_steps(value: relax.Expr, values: dict) -> relax.Expr | None:
     return batched if stacked else relax.op.reshape(batched, out_shape)
 
 
-class StackedStepsBatched:
-    """The simplification step batching each stack of unrolled steps."""
 
-    name = "stacked_steps_batched"
+
+# ------------------------------------------------------------------ slices written in turn
+
+
+def _written_position(cond: relax.Expr, out_shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """(axis, index) where a constant mask of ``where`` is true exactly on one index of one
+    axis of ``out_shape`` (how torch.export writes ``out[:, t] = x``), or None."""
+    if not isinstance(cond, tvm.ir.GenericConst) or str(cond.ty.dtype) != "bool":
+        return None
+    mask = cond.value.numpy()
+    if mask.ndim != len(out_shape):
+        return None
+    try:
+        mask = np.broadcast_to(mask, out_shape)
+    except ValueError:
+        return None
+    for axis, size in enumerate(out_shape):
+        hit = np.moveaxis(mask, axis, 0).reshape(size, -1)
+        rows = hit.any(axis=1)
+        if size > 1 and rows.sum() == 1 and hit[rows].all():
+            return axis, int(np.argmax(rows))
+    return None
+
+
+def _written_slices(value: relax.Expr, values: dict) -> relax.Expr | None:
+    """``value``, the last of a chain of ``where``s each writing one index of one axis (the
+    rest from the one before), as the concat of what was written at each index, when every
+    index was; else None."""
+    out_shape = static_shape(value)
+    out_shape = None if out_shape is None else tuple(out_shape)
+    written: dict[int, relax.Expr] = {}
+    axis = None
+    while (where := _call(value, values, "where")) is not None and out_shape is not None:
+        at = _written_position(where.args[0], out_shape)
+        x = where.args[1]
+        if at is None or (axis is not None and at[0] != axis) or static_shape(x) is None:
+            break
+        axis = at[0]
+        if len(static_shape(x)) != len(out_shape) or static_shape(x)[axis] != 1:
+            break
+        written.setdefault(at[1], x)  # a later write wins
+        value = where.args[2]
+    if axis is None or len(written) != out_shape[axis]:
+        return None
+    piece = (*out_shape[:axis], 1, *out_shape[axis + 1 :])
+    fields = [x if tuple(static_shape(x)) == piece else relax.op.broadcast_to(x, piece)
+              for x in (written[index] for index in range(out_shape[axis]))]  # fmt: skip
+    return relax.op.concat(fields, axis)
+
+
+def _given_back_its_axis(x: relax.Expr, values: dict, axis: int) -> _Slice | None:
+    """The slice ``x`` is with its axis given back (``expand_dims(take(t, i, axis), axis)``,
+    through a broadcast to its own shape), else None."""
+    expand = _call(x, values, "expand_dims")
+    if expand is None or [int(a) % len(static_shape(x)) for a in expand.attrs.axis] != [axis]:
+        return None
+    inner = expand.args[0]
+    while (same := _call(inner, values, "broadcast_to")) is not None and static_shape(same.args[0]) == static_shape(inner):
+        inner = same.args[0]
+    taken = _slice(inner, values)
+    return taken if taken is not None and taken.axis == axis else None
+
+
+def _joined_slices(value: relax.Expr, values: dict) -> relax.Expr | None:
+    """``value``, a concat, with each run of fields that are slices of one tensor at
+    consecutive indices of the concat's axis (each given back that axis) as one slice of
+    it: a recurrence kernel's outputs, written in turn (``_written_slices``); else None."""
+    concat = _call(value, values, "concat")
+    if concat is None or not isinstance(concat.args[0], relax.Tuple):
+        return None
+    axis = int(concat.attrs.axis) % len(static_shape(value))
+    fields: list = []  # a field as it is, or [tensor, first index, last index] of slices in turn
+    for x in concat.args[0].fields:
+        taken = _given_back_its_axis(x, values, axis) if static_shape(x) is not None else None
+        if taken is None:
+            fields.append(x)
+        elif fields and isinstance(fields[-1], list) and fields[-1][0].same_as(taken.tensor) \
+                and fields[-1][2] + 1 == taken.index:  # fmt: skip
+            fields[-1][2] = taken.index
+        else:
+            fields.append([taken.tensor, taken.index, taken.index])
+    if len(fields) == len(concat.args[0].fields):
+        return None
+    fields = [relax.op.strided_slice(f[0], [axis], [f[1]], [f[2] + 1]) if isinstance(f, list) else f for f in fields]
+    return fields[0] if len(fields) == 1 else relax.op.concat(fields, axis)
+
+
+class _Replaced:
+    """A simplification step binding each variable ``replacement`` gives a value for to it."""
+
+    def __init__(self, name: str, replacement):
+        self.name, self.replacement = name, replacement
 
     def apply(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
-        rewritten, total = mod, 0
+        rewritten_mod, total = mod, 0
         for gvar, func in _functions(mod):
             values = relax.analysis.get_var2val(func)
             replacements = {b.var: r for block in func.body.blocks for b in block.bindings
-                            if isinstance(b, relax.VarBinding) and (r := _stacked_steps(b.value, values)) is not None}  # fmt: skip
+                            if isinstance(b, relax.VarBinding) and (r := self.replacement(b.var, values)) is not None}  # fmt: skip
             if replacements:
                 if total == 0:
-                    rewritten = mod.clone()
-                rewritten[gvar] = relax.analysis.remove_all_unused(Rebound(replacements).visit_expr(func))
+                    rewritten_mod = mod.clone()
+                rewritten_mod[gvar] = relax.analysis.remove_all_unused(Rebound(replacements).visit_expr(func))
                 total += len(replacements)
-        return rewritten, total
+        return rewritten_mod, total
 
 
-STACKED_STEPS_BATCHED = StackedStepsBatched()
+# A stack of unrolled steps as one batched expression.
+STACKED_STEPS_BATCHED = _Replaced("stacked_steps_batched", _stacked_steps)
+# A chain of one-index writes (``out[:, t] = x`` in a loop) as one concat of what was written.
+WRITTEN_SLICES_STACKED = _Replaced("written_slices_stacked", _written_slices)
+# Slices at consecutive indices, concatenated, as one slice.
+CONSECUTIVE_SLICES_JOINED = _Replaced("consecutive_slices_joined", _joined_slices)

@@ -27,7 +27,7 @@ from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE, PAD_OF_
 from .idioms import (CLIP_FROM_MAX_MIN, ELEMENTWISE_BROADCASTS_ITSELF, LINEAR_ON_ALL_AXES, MATMUL_BROADCASTS_ITSELF,
                      MATMUL_ON_ALL_AXES, MATRIX_WEIGHT, MERGE_CLIPS, TE_CALLS_AS_OPS,
                      WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
-from .loops import LINEAR_RECURRENCE_AS_SCAN, STACKED_STEPS_BATCHED
+from .loops import CONSECUTIVE_SLICES_JOINED, LINEAR_RECURRENCE_AS_SCAN, STACKED_STEPS_BATCHED, WRITTEN_SLICES_STACKED
 from .recurrences import ELEMENTWISE_RECURRENCE_AS_SCAN
 from .ops import binding_count, op_count
 from .safe_softmax import SAFE_SOFTMAX_OF_FINITE
@@ -82,6 +82,8 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     TvmPass("FoldConstant", transform.FoldConstant),
     LINEAR_RECURRENCE_AS_SCAN,  # first: its scan's states are the slices the stacked steps then read
     ELEMENTWISE_RECURRENCE_AS_SCAN,  # the recurrences the linear one is not
+    WRITTEN_SLICES_STACKED,  # after them: a loop's outputs written in turn, the kernel's slices
+    CONSECUTIVE_SLICES_JOINED,
     STACKED_STEPS_BATCHED,
     SAFE_SOFTMAX_OF_FINITE,
     CLIP_FROM_MAX_MIN,
