@@ -348,9 +348,9 @@ def recurrence_kernel(spec: KernelSpec, gpu: bool = False) -> tirx.PrimFunc:
     output = {j: f"y{k}" for k, j in enumerate(spec.outputs)}
     initial = {j: f"h{k}" for k, j in enumerate(spec.states)}
 
-    def value(k: int, t: str, first: bool) -> str:
-        """Node ``k`` of step ``t`` from its operands' lanes: in a scratch row on the CPU,
-        a register on the GPU, else the output it is."""
+    def operands(k: int, t: str, first: bool) -> list[str]:
+        """The lanes node ``k`` of step ``t`` reads: a node's in a scratch row on the CPU, a
+        register on the GPU, else the output it is."""
         def operand(kind: str, index: int) -> str:
             if kind == "node":
                 return f"v{index}" if gpu else (f"{output[index]}[p, {t}, q]" if index in output else f"s{index}[q]")
@@ -360,8 +360,10 @@ def recurrence_kernel(spec: KernelSpec, gpu: bool = False) -> tirx.PrimFunc:
                 return f"c{index}[p, q]"
             return f"{initial[index]}[p, q]" if first else f"{output[index]}[p, {t} - 1, q]"
 
-        name, operands = spec.template[k]
-        return _LANE_OPS[name].format(*(operand(*o) for o in operands))
+        return [operand(*o) for o in spec.template[k][1]]
+
+    def value(k: int, t: str, first: bool) -> str:
+        return _LANE_OPS[spec.template[k][0]].format(*operands(k, t, first))
 
     def step(t: str, first: bool, indent: str) -> list[str]:
         if gpu:
@@ -371,8 +373,14 @@ def recurrence_kernel(spec: KernelSpec, gpu: bool = False) -> tirx.PrimFunc:
         lines = []
         for k in range(len(spec.template)):
             target = f"{output[k]}[p, {t}, q]" if k in output else f"s{k}[q]"
-            lines += [f"for q in T.vectorized({inner}):", f"    {target} = {value(k, t, first)}"]
+            rows = _fast_exp(k, operands(k, t, first)[0], target) if k in exps else [f"{target} = {value(k, t, first)}"]
+            for row in rows:
+                lines += [f"for q in T.vectorized({inner}):", f"    {row}"]
         return [indent + line for line in lines]
+
+    # float32 exps on the CPU as the rest of TVM's kernels compute them (``fast_math``): LLVM
+    # has no vector exp, and calls libm's for each element.
+    exps = {k for k, (name, _) in enumerate(spec.template) if name == "relax.exp" and dtype == "float32" and not gpu}
 
     if gpu:
         lanes = outer * inner
@@ -386,12 +394,35 @@ def recurrence_kernel(spec: KernelSpec, gpu: bool = False) -> tirx.PrimFunc:
                 *step("t", False, " " * 16)]  # fmt: skip
     else:
         scratch = [f'    s{k} = T.alloc_buffer(({inner},), "{dtype}")' for k in range(len(spec.template)) if k not in output]
+        scratch += [f'    {row}{k} = T.alloc_buffer(({inner},), "{dtype}")' for k in sorted(exps) for row in ("n", "r")]
         body = [f"for p in T.parallel({outer}):", *scratch, *step("0", True, " " * 4),
                 f"    for t in range(1, {n}):", *step("t", False, " " * 8)]  # fmt: skip
     attrs = {"tir.noalias": True, "tirx.is_scheduled": True, RECURRENCE_ATTR: spec.to_json()}
     source = "\n".join(["@T.prim_func(private=True)", f"def main({', '.join(params)}):",
                         f"    T.func_attr({attrs!r})", *("    " + line for line in body)])  # fmt: skip
     return tvm.script.from_source(source, extra_vars={"T": tvm.script.tirx})
+
+
+# Cephes' expf: exp(x) = 2^n exp(r), n the nearest integer to x / ln 2, r = x - n ln 2 (ln 2
+# in two parts, the first exact in float32), exp(r) a polynomial on [-ln 2 / 2, ln 2 / 2];
+# within about 2 float32 ulps, as TOPI's fast_exp, which TVM's other CPU kernels use here.
+_EXP_RANGE = (-88.3762626647949, 88.3762626647949)
+_LN2 = (0.693359375, -2.12194440e-4)
+_EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+
+
+def _fast_exp(k: int, operand: str, target: str) -> list[str]:
+    """Rows computing ``target = exp(operand)``, each a vectorized loop's body, through
+    scratch rows ``n<k>`` (the power of 2) and ``r<k>`` (the rest)."""
+    x = f"T.max(T.min({operand}, T.float32({_EXP_RANGE[1]})), T.float32({_EXP_RANGE[0]}))"
+    n, r = f"n{k}[q]", f"r{k}[q]"
+    polynomial = f"T.float32({_EXP_POLYNOMIAL[0]})"
+    for c in _EXP_POLYNOMIAL[1:]:
+        polynomial = f"({polynomial} * {r} + T.float32({c}))"
+    scale = f'T.reinterpret("float32", T.shift_left(T.Cast("int32", {n}) + 127, 23))'
+    return [f"{n} = T.floor({x} * T.float32({1 / math.log(2)}) + T.float32(0.5))",
+            f"{r} = {x} - {n} * T.float32({_LN2[0]}) - {n} * T.float32({_LN2[1]})",
+            f"{target} = ({polynomial} * {r} * {r} + {r} + T.float32(1.0)) * {scale}"]  # fmt: skip
 
 
 def is_recurrence_kernel(func) -> bool:
