@@ -792,6 +792,18 @@ def test_the_onnx_importers_clip_becomes_one_clip_again():
     _assert_close(_run(simplified, [x]), _run(imported, [x]), 1e-6)
 
 
+@pytest.mark.parametrize("op_type, pairwise", [("Max", "relax.maximum"), ("Min", "relax.minimum"), ("Sum", "relax.add")])
+def test_the_onnx_importers_max_min_and_sum_of_tensors_are_their_element_wise_operators(op_type, pairwise):
+    """TVM imports ONNX's Max, Min and Sum of several tensors as a stack reduced along the
+    stacked axis (RWKV's torch.maximum, 512 times): they become the operator, pairwise."""
+    imported = _imported_onnx_node(op_type, [2, 8], [2, 8], {"b": _random(2, 8), "c": _random(2, 8)})
+    assert "relax.stack" in op_histogram(imported)
+    simplified = collage.simplify(imported)
+    assert set(op_histogram(simplified)) == {pairwise}  # (Sum's two constants fold into one)
+    x = _random(2, 8)
+    _assert_close(_run(simplified, [x]), _run(imported, [x]), 1e-6)
+
+
 def _onnx_pad_model(pads: list[int], value: float, mode: str = "constant"):
     """``Pad(x, pads, value)`` on a (1, 3, 5, 6) input imported by TVM: call_tir of a private
     ``pad`` PrimFunc (``topi.nn.pad``, or ``mirror_pad`` for reflect)."""

@@ -218,6 +218,32 @@ def _clip(matches: Matches, single_use: set) -> relax.Expr | None:
 CLIP_FROM_MAX_MIN = PatternRewrite("clip_from_max_min", _max_min, _clip)
 
 
+# A reduction over a stack along the stacked axis, as the element-wise operator of its values in
+# turn: TVM's ONNX importer writes ONNX's Max, Min and Sum of several tensors so (RWKV's
+# torch.maximum of two: 512 stacks of two rows, each reduced), which no engine or recurrence
+# reads as the one operator it is.
+_PAIRWISE = {"relax.max": relax.op.maximum, "relax.min": relax.op.minimum, "relax.sum": relax.op.add}
+_stack = is_op("relax.stack")(wildcard())
+_reduced_stacks = {name: is_op(name)(_stack) for name in _PAIRWISE}
+
+
+def _pairwise(name: str, matches: Matches, single_use: set) -> relax.Expr | None:
+    reduced, stack = matches[_reduced_stacks[name]], matches[_stack]
+    fields, rank = stack.args[0], len(static_shape(stack) or ())
+    if not isinstance(fields, relax.Tuple) or stack not in single_use or not rank or reduced.attrs.keepdims:
+        return None
+    axes = reduced.attrs.axis
+    if axes is None or [int(a) % rank for a in axes] != [int(stack.attrs.axis or 0) % rank]:
+        return None
+    return functools.reduce(_PAIRWISE[name], fields.fields)
+
+
+STACKED_REDUCTIONS_PAIRWISE = tuple(
+    PatternRewrite(f"{name.removeprefix('relax.')}_of_stack_pairwise", pattern, functools.partial(_pairwise, name))
+    for name, pattern in _reduced_stacks.items()
+)  # fmt: skip
+
+
 _clipped, _inner_lo, _inner_hi, _outer_lo, _outer_hi = wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
 _inner_clip = is_op("relax.clip")(_clipped, _inner_lo, _inner_hi)
 _clip_of_clip = is_op("relax.clip")(_inner_clip, _outer_lo, _outer_hi)

@@ -25,7 +25,7 @@ from .branches import MERGE_SUMMED_CONVOLUTIONS, MERGE_SUMMED_MATMULS
 from .constants import FOLD_ARANGE, FOLD_BFLOAT16_CASTS, FOLD_INDEX_TENSOR, FOLD_PERMUTE_DIMS
 from .identities import ADD_ZERO, BROADCAST_TO_SAME_SHAPE, MULTIPLY_ONE, PAD_OF_NOTHING
 from .idioms import (CLIP_FROM_MAX_MIN, ELEMENTWISE_BROADCASTS_ITSELF, LINEAR_ON_ALL_AXES, MATMUL_BROADCASTS_ITSELF,
-                     MATMUL_ON_ALL_AXES, MATRIX_WEIGHT, MERGE_CLIPS, TE_CALLS_AS_OPS,
+                     MATMUL_ON_ALL_AXES, MATRIX_WEIGHT, MERGE_CLIPS, STACKED_REDUCTIONS_PAIRWISE, TE_CALLS_AS_OPS,
                      WRAP_NEGATIVE_TAKE_INDICES)  # fmt: skip
 from .loops import CONSECUTIVE_SLICES_JOINED, LINEAR_RECURRENCE_AS_SCAN, STACKED_STEPS_BATCHED, WRITTEN_SLICES_STACKED
 from .recurrences import ELEMENTWISE_RECURRENCE_AS_SCAN
@@ -80,6 +80,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     MATMUL_BROADCASTS_ITSELF,  # before FoldConstant, which would write a broadcast weight out
     ELEMENTWISE_BROADCASTS_ITSELF,  # likewise
     TvmPass("FoldConstant", transform.FoldConstant),
+    *STACKED_REDUCTIONS_PAIRWISE,  # before the recurrences, whose steps they are in an ONNX file
     LINEAR_RECURRENCE_AS_SCAN,  # first: its scan's states are the slices the stacked steps then read
     ELEMENTWISE_RECURRENCE_AS_SCAN,  # the recurrences the linear one is not
     WRITTEN_SLICES_STACKED,  # after them: a loop's outputs written in turn, the kernel's slices
