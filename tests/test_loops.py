@@ -14,7 +14,8 @@ from collage.measuring.arrays import numpy_outputs, to_tensors
 from collage.measuring.build import reference_vm, tvm_compile
 from collage.model.frontend import load_torch
 from collage.model.simplify import op_count, op_histogram, simplify
-from collage.model.simplify.loops import STACKED_STEPS_BATCHED, scan_kernels_for_the_gpu
+from collage.model.simplify.loops import STACKED_STEPS_BATCHED
+from collage.model.simplify.recurrences import scan_kernels_for_the_gpu
 
 
 class SelectiveScan(nn.Module):

@@ -210,7 +210,7 @@ def test_a_partition_calling_the_scan_kernel_is_fused_as_tvm_fuses_its_operators
     # fed ("Only schedulable functions ... can be fused"; fed by a legalized multiply,
     # "Inconsistent buffers T_multiply and b mapped to the same relax var"): every module with
     # the scan in a TVM partition (RecurrentGemma's, Mamba's) was built unfused.
-    from collage.model.simplify.loops import scan_kernels_for_the_gpu
+    from collage.model.simplify.recurrences import scan_kernels_for_the_gpu
 
     mod = _scan_groups()
     relax_pipeline(target)(scan_kernels_for_the_gpu(mod) if target is SM90 else mod)

@@ -13,7 +13,7 @@ from collage.measuring.arrays import numpy_outputs, to_tensors
 from collage.measuring.build import reference_vm, tvm_compile
 from collage.model.frontend import load_torch
 from collage.model.simplify import op_count, op_histogram, simplify
-from collage.model.simplify.loops import scan_kernels_for_the_gpu
+from collage.model.simplify.recurrences import scan_kernels_for_the_gpu
 from collage.model.simplify.recurrences import is_recurrence_kernel
 
 

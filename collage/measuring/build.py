@@ -21,7 +21,7 @@ from tvm import relax
 from ..candidates.backend import Backend, cuda_graph_blocker
 from ..candidates.precision import FLOAT32, precision_argument
 from ..errors import first_line
-from ..model.simplify.loops import scan_kernels_for_the_gpu
+from ..model.simplify.recurrences import scan_kernels_for_the_gpu
 from .arrays import empty_outputs, mismatch, numpy_outputs, random_inputs, static_shape, to_tensors
 from .fast_math import with_fast_math
 from .parallel_loops import with_parallel_loops

@@ -66,7 +66,7 @@ class _Slice:
     index: int
 
 
-def _slice(expr: relax.Expr, values: dict) -> _Slice | None:
+def slice_at_constant(expr: relax.Expr, values: dict) -> _Slice | None:
     call = values.get(expr, expr)
     if not (isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.take")):
         return None
@@ -84,7 +84,7 @@ def _call(expr: relax.Expr, values: dict, name: str) -> relax.Call | None:
     return call if isinstance(call, relax.Call) and call.op == tvm.ir.Op.get(f"relax.{name}") else None
 
 
-def _functions(mod: tvm.IRModule):
+def relax_functions(mod: tvm.IRModule):
     return [(gvar, func) for gvar, func in mod.functions_items() if isinstance(func, relax.Function)]
 
 
@@ -108,11 +108,11 @@ def _step(binding: relax.VarBinding, values: dict) -> _Step | None:
     if add is None or not isinstance(binding.var, relax.DataflowVar):
         return None
     for product, addend in (add.args, reversed(add.args)):
-        multiply, b = _call(product, values, "multiply"), _slice(addend, values)
+        multiply, b = _call(product, values, "multiply"), slice_at_constant(addend, values)
         if multiply is None or b is None:
             continue
         for factor, previous in (multiply.args, reversed(multiply.args)):
-            a = _slice(factor, values)
+            a = slice_at_constant(factor, values)
             if a is None or (a.axis, a.index) != (b.axis, b.index) or static_shape(a.tensor) != static_shape(b.tensor):
                 continue
             # The state keeps its shape and type step to step: no broadcast or cast hides in the chain.
@@ -141,7 +141,7 @@ def _chains(func: relax.Function) -> list[list[_Step]]:
 
 
 # The PrimFunc attribute marking a scan kernel, so that a build for the GPU can swap in the
-# GPU's form (``scan_kernels_for_the_gpu``): simplification does not know the target.
+# GPU's form (``recurrences.scan_kernels_for_the_gpu``): simplification does not know the target.
 SCAN_ATTR = "collage.linear_recurrence"
 # CUDA threads a block, one (p, q) lane each.
 _GPU_LANES = 256
@@ -187,24 +187,6 @@ def is_scan_kernel(func) -> bool:
     return isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and SCAN_ATTR in func.attrs
 
 
-def scan_kernels_for_the_gpu(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each scan kernel (``SCAN_ATTR``) and each recurrence kernel
-    (``recurrences``) in its GPU form."""
-    from .recurrences import for_the_gpu, is_recurrence_kernel  # it builds on this module
-
-    rewritten = mod
-    for gvar, func in mod.functions_items():
-        if is_scan_kernel(func) or is_recurrence_kernel(func):
-            if rewritten is mod:
-                rewritten = mod.clone()
-        if is_scan_kernel(func):
-            a = func.params[0]  # a buffer (outer, length, inner)
-            rewritten[gvar] = scan_kernel(*(int(d) for d in a.shape), str(a.dtype), gpu=True)
-        elif is_recurrence_kernel(func):
-            rewritten[gvar] = for_the_gpu(func)
-    return rewritten
-
-
 @mutator
 class _Scanned(PyExprMutator):
     """A function with each chain's states read from one scan: the kernel emitted where the
@@ -248,7 +230,7 @@ class LinearRecurrenceAsScan:
     name = "linear_recurrence_as_scan"
 
     def apply(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
-        return rewritten(mod, {gvar: chains for gvar, func in _functions(mod) if (chains := _chains(func))}, _Scanned)
+        return rewritten(mod, {gvar: chains for gvar, func in relax_functions(mod) if (chains := _chains(func))}, _Scanned)
 
 
 def rewritten(mod: tvm.IRModule, found: dict, rewriter) -> tuple[tvm.IRModule, int]:
@@ -302,7 +284,7 @@ class _Unrolled:
             self.varying[x0] = False
             return shared  # the same value in every step: the loop reads it as it is
         self.varying[x0] = True
-        s0, st = _slice(x0, self.values), _slice(xt, self.values)
+        s0, st = slice_at_constant(x0, self.values), slice_at_constant(xt, self.values)
         if s0 is not None and st is not None and s0.tensor.same_as(st.tensor) and s0.axis == st.axis \
                 and st.index == s0.index + t:  # fmt: skip
             self.indexed[x0] = s0
@@ -499,7 +481,7 @@ def _given_back_its_axis(x: relax.Expr, values: dict, axis: int) -> _Slice | Non
     inner = expand.args[0]
     while (same := _call(inner, values, "broadcast_to")) is not None and static_shape(same.args[0]) == static_shape(inner):
         inner = same.args[0]
-    taken = _slice(inner, values)
+    taken = slice_at_constant(inner, values)
     return taken if taken is not None and taken.axis == axis else None
 
 
@@ -535,7 +517,7 @@ class _Replaced:
 
     def apply(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
         rewritten_mod, total = mod, 0
-        for gvar, func in _functions(mod):
+        for gvar, func in relax_functions(mod):
             values = relax.analysis.get_var2val(func)
             replacements = {b.var: r for block in func.body.blocks for b in block.bindings
                             if isinstance(b, relax.VarBinding) and (r := self.replacement(b.var, values)) is not None}  # fmt: skip

@@ -36,7 +36,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .loops import _functions, _slice, rewritten
+from .loops import is_scan_kernel, relax_functions, rewritten, scan_kernel, slice_at_constant
 from .ops import static_shape
 
 # The element-wise operators a step may hold, as TVMScript of their operands' lanes.
@@ -59,7 +59,7 @@ _LANE_OPS = {
 }
 # Fewer steps than this stay unrolled: a kernel of its own is no gain over a few operators.
 MIN_STEPS = 4
-# The PrimFunc attribute marking a kernel written here, for its GPU form (``for_the_gpu``).
+# The PrimFunc attribute marking a kernel written here, for its GPU form (``scan_kernels_for_the_gpu``).
 RECURRENCE_ATTR = "collage.elementwise_recurrence"
 _GPU_LANES = 256  # CUDA threads a block, a lane each
 
@@ -124,7 +124,7 @@ class _Region:
         self.slices = {}
         for position, binding in enumerate(b for block in func.body.blocks for b in block.bindings):
             self.order[binding.var] = position
-            s = _slice(binding.var, self.values) if isinstance(binding, relax.VarBinding) else None
+            s = slice_at_constant(binding.var, self.values) if isinstance(binding, relax.VarBinding) else None
             if s is not None:
                 self.slices[binding.var] = s
                 continue
@@ -435,6 +435,23 @@ def for_the_gpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return recurrence_kernel(KernelSpec.from_json(str(func.attrs[RECURRENCE_ATTR])), gpu=True)
 
 
+def scan_kernels_for_the_gpu(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each kernel simplification wrote in its GPU form: the linear scans
+    (``loops.SCAN_ATTR``) and the recurrence kernels (``RECURRENCE_ATTR``)."""
+    rewritten_mod = mod
+    for gvar, func in mod.functions_items():
+        if not (is_scan_kernel(func) or is_recurrence_kernel(func)):
+            continue
+        if rewritten_mod is mod:
+            rewritten_mod = mod.clone()
+        if is_scan_kernel(func):
+            a = func.params[0]  # a buffer (outer, length, inner)
+            rewritten_mod[gvar] = scan_kernel(*(int(d) for d in a.shape), str(a.dtype), gpu=True)
+        else:
+            rewritten_mod[gvar] = for_the_gpu(func)
+    return rewritten_mod
+
+
 # ------------------------------------------------------------------ the rewrite
 
 
@@ -524,7 +541,7 @@ class ElementwiseRecurrenceAsScan:
 
     def apply(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
         found = {}
-        for gvar, func in _functions(mod):
+        for gvar, func in relax_functions(mod):
             order = {b.var: k for k, b in enumerate(b for block in func.body.blocks for b in block.bindings)}
             every = _runs(func)
             taken = {v for run in every for step in run.steps for v in step}
