@@ -421,8 +421,6 @@ def _stacked_steps(value: relax.Expr, values: dict) -> relax.Expr | None:
     return batched if stacked else relax.op.reshape(batched, out_shape)
 
 
-
-
 # ------------------------------------------------------------------ slices written in turn
 
 
@@ -473,15 +471,12 @@ def _written_slices(value: relax.Expr, values: dict) -> relax.Expr | None:
 
 
 def _given_back_its_axis(x: relax.Expr, values: dict, axis: int) -> _Slice | None:
-    """The slice ``x`` is with its axis given back (``expand_dims(take(t, i, axis), axis)``,
-    through a broadcast to its own shape), else None."""
+    """The slice ``x`` is with its axis given back (``expand_dims(take(t, i, axis), axis)``),
+    else None."""
     expand = _call(x, values, "expand_dims")
     if expand is None or [int(a) % len(static_shape(x)) for a in expand.attrs.axis] != [axis]:
         return None
-    inner = expand.args[0]
-    while (same := _call(inner, values, "broadcast_to")) is not None and static_shape(same.args[0]) == static_shape(inner):
-        inner = same.args[0]
-    taken = slice_at_constant(inner, values)
+    taken = slice_at_constant(expand.args[0], values)
     return taken if taken is not None and taken.axis == axis else None
 
 

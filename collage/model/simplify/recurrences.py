@@ -13,14 +13,14 @@ rolled one.
 
 ``linear_recurrence_as_scan`` (``loops``) rolls up ``h = a[t] * h + b[t]`` only. Here any
 step of the element-wise operators in ``_LANE_OPS`` is matched: a run of consecutive steps
-whose operators, attributes and operands agree step to step (a step's node reading the same
+whose operators and operands agree step to step (a step's node reading the same
 node of the step before, the next slice of the same tensor, or the same value from outside)
 becomes one ``call_tir`` of a kernel that walks the token axis doing the step once per token,
 parallel over the axes before it and vectorized over those after it. Each of the steps'
 values read elsewhere becomes a slice of the kernel's output. Exact: the same operations in
 the same order on each lane. The first step of the run may read its states from anywhere
-(the model's initial values); steps before the run that differ stay unrolled. Only TVM runs
-the kernel; the engines take the graph around it.
+(the model's initial values); steps before the run that differ stay unrolled. TVM runs the
+kernel; the ONNX and FX conversions write it out step by step again for the engines and inductor.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class _Run:
         return sorted({o.index for _, operands in self.template for o in operands if o.kind == "state"})
 
 
-def _lane_node(binding, values) -> tuple[str, list[relax.Expr]] | None:
+def _lane_node(binding) -> tuple[str, list[relax.Expr]] | None:
     """(operator, operands) of a binding a step may hold: an operator of ``_LANE_OPS`` on
     float tensors, its result of a known shape."""
     if not isinstance(binding, relax.VarBinding) or not isinstance(binding.var, relax.DataflowVar):
@@ -118,17 +118,18 @@ class _Region:
 
     def __init__(self, func: relax.Function):
         self.values = relax.analysis.get_var2val(func)
+        self.bindings = [b for block in func.body.blocks for b in block.bindings]
         self.order: dict[relax.Var, int] = {}
         self.nodes: dict[relax.Var, tuple[str, list[relax.Expr]]] = {}
         self.step: dict[relax.Var, int] = {}
         self.slices = {}
-        for position, binding in enumerate(b for block in func.body.blocks for b in block.bindings):
+        for position, binding in enumerate(self.bindings):
             self.order[binding.var] = position
             s = slice_at_constant(binding.var, self.values) if isinstance(binding, relax.VarBinding) else None
             if s is not None:
                 self.slices[binding.var] = s
                 continue
-            node = _lane_node(binding, self.values)
+            node = _lane_node(binding)
             if node is None:
                 continue
             shape = static_shape(binding.var)
@@ -211,7 +212,7 @@ def _template(region: _Region, step: list[relax.Var], before: list[relax.Var] | 
                     at = len(tensors) - 1
                 operand = _Operand("slice", at)
             elif before is None and expected is not None and expected.kind == "state":
-                if initial.setdefault(expected.index, a) is not a and not a.same_as(initial[expected.index]):
+                if not initial.setdefault(expected.index, a).same_as(a):
                     raise _Mismatch("two initial values of one state")
                 if static_shape(a) != static_shape(v):
                     raise _Mismatch("an initial state of another shape")
@@ -237,10 +238,9 @@ def _template(region: _Region, step: list[relax.Var], before: list[relax.Var] | 
     return template, tensors, outside, initial
 
 
-def _runs(func: relax.Function) -> list[_Run]:
+def _runs(region: _Region) -> list[_Run]:
     """Each run of at least ``MIN_STEPS`` steps agreeing with one template, at most one per
     group of nodes that read each other."""
-    region = _Region(func)
     runs = []
     for group in region.components():
         by_step: dict[int, list[relax.Var]] = {}
@@ -280,6 +280,9 @@ def _run_around(region: _Region, by_step: dict, middle: int) -> _Run | None:
             return True
         except _Mismatch:
             return False
+
+    if not agrees(middle, by_step.get(middle - 1, [])):  # its slices along the run's axis, every one
+        return None
 
     last = middle
     while last + 1 in by_step and agrees(last + 1, by_step[last]):
@@ -365,6 +368,10 @@ def recurrence_kernel(spec: KernelSpec, gpu: bool = False) -> tirx.PrimFunc:
     def value(k: int, t: str, first: bool) -> str:
         return _LANE_OPS[spec.template[k][0]].format(*operands(k, t, first))
 
+    # float32 exps on the CPU as the rest of TVM's kernels compute them (``fast_math``): LLVM
+    # has no vector exp, and calls libm's for each element.
+    exps = {k for k, (name, _) in enumerate(spec.template) if name == "relax.exp" and dtype == "float32" and not gpu}
+
     def step(t: str, first: bool, indent: str) -> list[str]:
         if gpu:
             lines = [f"v{k}: T.{dtype} = {value(k, t, first)}" for k in range(len(spec.template))]
@@ -377,10 +384,6 @@ def recurrence_kernel(spec: KernelSpec, gpu: bool = False) -> tirx.PrimFunc:
             for row in rows:
                 lines += [f"for q in T.vectorized({inner}):", f"    {row}"]
         return [indent + line for line in lines]
-
-    # float32 exps on the CPU as the rest of TVM's kernels compute them (``fast_math``): LLVM
-    # has no vector exp, and calls libm's for each element.
-    exps = {k for k, (name, _) in enumerate(spec.template) if name == "relax.exp" and dtype == "float32" and not gpu}
 
     if gpu:
         lanes = outer * inner
@@ -465,13 +468,12 @@ def _users_outside(func: relax.Function, run: _Run) -> set[int]:
     return {place[v] for vs in read for v in vs if v in place}
 
 
-def _ahead(func: relax.Function, run: _Run, taken: set) -> list[relax.VarBinding] | None:
+def _ahead(region: _Region, run: _Run, taken: set) -> list[relax.VarBinding] | None:
     """The bindings to move before the run's first node so that every value the kernel
     reads is there: an initial state the step before computes after the run's first node
     (RWKV computes the next token's ``pp + w`` after this token's output), and what it reads
     in turn. None where one of them reads the run (or a node of another run, ``taken``)."""
-    bindings = [b for block in func.body.blocks for b in block.bindings]
-    order = {b.var: k for k, b in enumerate(bindings)}
+    bindings, order = region.bindings, region.order
     start = min(order[v] for step in run.steps for v in step)
     todo = [x for x in (*run.tensors, *run.outside, *run.initial.values()) if order.get(x, -1) > start]
     moved: set[relax.Var] = set()
@@ -542,16 +544,16 @@ class ElementwiseRecurrenceAsScan:
     def apply(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
         found = {}
         for gvar, func in relax_functions(mod):
-            order = {b.var: k for k, b in enumerate(b for block in func.body.blocks for b in block.bindings)}
-            every = _runs(func)
+            region = _Region(func)
+            every = _runs(region)
             taken = {v for run in every for step in run.steps for v in step}
             runs = []
             for run in every:
-                ahead = _ahead(func, run, taken)
+                ahead = _ahead(region, run, taken)
                 if ahead is None:
                     continue
                 outputs = tuple(sorted(set(run.states) | _users_outside(func, run)))
-                first = min((v for step in run.steps for v in step), key=order.__getitem__)
+                first = min((v for step in run.steps for v in step), key=region.order.__getitem__)
                 runs.append((run, outputs, first, ahead))
             if runs:
                 found[gvar] = runs
